@@ -1,0 +1,10 @@
+"""Positional encodings: the contract (``PositionalEncoding``) and the registry (``ENCODINGS``).
+
+Importing this package registers the built-in encodings; third-party ones come through the
+``posbench.encodings`` entry-point group.
+"""
+
+from posbench.encodings.base import ENCODINGS, EncodingOptionError, PositionalEncoding
+from posbench.encodings import alibi, fire, nope, randpe, rope, t5, tape, xpos  # noqa: F401  (registration)
+
+__all__ = ["ENCODINGS", "EncodingOptionError", "PositionalEncoding"]

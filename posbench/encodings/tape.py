@@ -1,0 +1,103 @@
+"""TAPE (Zhu et al., ICML 2025): contextualised, orthogonally equivariant positional encoding.
+
+The positional state is a pair (C, S), each [B, H, N, D], initialised from RoPE's cos/sin table (every head
+the same). For each head, frequency f and token, the four numbers C_f, S_f, C_{f+F}, S_{f+F} form a 2x2
+matrix E = [[C_f, -S_f], [S_{f+F}, C_{f+F}]] that rotates the (q_f, q_{f+F}) pair, so the logits depend on
+the state only through E_i^T E_j.
+
+Per layer:
+1. logits from q~ = q*C + rotate_half(q)*S and k~ likewise (as RoPE, with a per-token, per-head table);
+2. attention-side update: C <- C + s_h * (A C), S <- S + s_h * (A S), where A is this layer's causal
+   attention matrix. [C | S] are concatenated to V, so one attention pass aggregates both, and gradients
+   are exact autograd gradients;
+3. MLP-side update, fed by the MLP output m: g = SiLU(m W_x^T) [N, I];
+   dE[h] = sum_p W_down[h, p] g[p] sum_h' W_up[p, h'] E[h'], applied to C and S with the same weights.
+Both updates are linear in E with coefficients that do not see the 2x2 entries, so they commute with any
+O(2) matrix applied to every block: the encoding is orthogonally equivariant. W_up and the gate start at
+zero, so a fresh TAPE model computes exactly what RoPE computes.
+
+Deliberate choices, each an option:
+- ``gate`` = "rowsum" (default) keeps the reference's H x H weight whose einsum sums each row into one
+  scalar per head (its training dynamics: Adam moves the effective gate H times faster); "scalar" uses one
+  parameter per head.
+- ``random_offset`` (default True, as the reference): while training, all positions are shifted by one
+  random k ~ U{0..2 * max_seq_len} per forward pass. The RoPE baseline has the same option, off by default.
+- ``position_size`` I (default 0 = 4 x heads), ``theta`` 10000, ``scale`` 1 (linear position interpolation).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posbench.encodings.base import PositionalEncoding, rope_angles, rotate_half
+from posbench.encodings.rope import training_offset
+
+
+class TAPELayer(nn.Module):
+    """The per-layer parameters: the attention-side gate and the MLP-side update (all bias-free)."""
+
+    def __init__(self, d_model: int, n_heads: int, position_size: int, gate: str):
+        super().__init__()
+        self.gate = nn.Parameter(torch.zeros(n_heads, n_heads) if gate == "rowsum" else torch.zeros(n_heads))
+        self.x_proj = nn.Linear(d_model, position_size, bias=False)
+        self.up_proj = nn.Linear(n_heads, position_size, bias=False)
+        self.down_proj = nn.Linear(position_size, n_heads, bias=False)
+
+    def head_gate(self) -> Tensor:
+        return self.gate.sum(-1) if self.gate.dim() == 2 else self.gate
+
+    def mlp_update(self, mlp_out: Tensor, state: Tensor) -> Tensor:
+        """dE for the stacked state ``[B, H, N, 2D]`` from the MLP output ``[B, N, d_model]``."""
+        g = F.silu(self.x_proj(mlp_out))                                   # [B, N, I]
+        up = torch.einsum("ph,bhnd->bpnd", self.up_proj.weight, state)     # mix heads -> I channels
+        return torch.einsum("hp,bnp,bpnd->bhnd", self.down_proj.weight, g, up)
+
+
+class TAPE(PositionalEncoding):
+    name = "tape"
+    description = "contextualised equivariant positional encoding (RoPE-initialised state updated per layer)"
+    relative = True  # at eval: shifting positions rotates the state equivariantly
+    defaults = {"position_size": 0, "gate": "rowsum", "random_offset": True, "theta": 10000.0, "scale": 1.0}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.options["gate"] not in {"rowsum", "scalar"}:
+            raise ValueError(f"encoding 'tape' option gate must be 'rowsum' or 'scalar', got {self.options['gate']!r}")
+        if self.options["position_size"] <= 0:
+            self.options["position_size"] = 4 * self.n_heads
+        self.layers = nn.ModuleList(
+            TAPELayer(self.d_model, self.n_heads, self.options["position_size"], self.options["gate"])
+            for _ in range(self.n_layers))
+
+    def init_weights(self) -> None:
+        for layer in self.layers:  # both updates start at zero: a fresh TAPE model is RoPE
+            nn.init.zeros_(layer.gate)
+            nn.init.zeros_(layer.up_proj.weight)
+
+    def init_state(self, positions: Tensor) -> Tensor:
+        """The state as one tensor ``[B, H, N, 2D]`` = [C | S]."""
+        positions = training_offset(self, positions, self.options["random_offset"], self.max_seq_len)
+        angles = rope_angles(positions.to(torch.float64) / self.options["scale"], self.head_dim,
+                             self.options["theta"])
+        state = torch.cat((angles.cos(), angles.sin()), dim=-1)            # [B, N, 2D]
+        return state[:, None].expand(-1, self.n_heads, -1, -1)
+
+    def rotate(self, layer: int, q: Tensor, k: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = state.to(q.dtype).chunk(2, dim=-1)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    def state_values(self, layer: int, state: Tensor) -> Tensor:
+        return state
+
+    def after_attention(self, layer: int, state: Tensor, aggregated: Tensor) -> Tensor:
+        gate = self.layers[layer].head_gate().to(aggregated.dtype)
+        return state + gate[None, :, None, None] * aggregated
+
+    def after_mlp(self, layer: int, state: Tensor, mlp_out: Tensor) -> Tensor:
+        return state + self.layers[layer].mlp_update(mlp_out, state.to(mlp_out.dtype))
+
+    def added_parameters(self) -> int:
+        """Per the reference formula: L * (d_model*I + 2*H*I + H*H) for the row-sum gate."""
+        return sum(p.numel() for p in self.layers.parameters())

@@ -1,0 +1,160 @@
+"""A Llama-style decoder that carries a positional state next to the hidden states.
+
+Pre-norm blocks (RMSNorm, attention, RMSNorm, SwiGLU MLP), no biases, untied embeddings, N(0, 0.02) init.
+Everything positional goes through ``self.encoding`` (see ``encodings/base.py``); this file names no
+encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posbench.attention import attend
+from posbench.encodings import ENCODINGS
+from posbench.generate import KVCache, LayerCache, greedy_generate
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 0                   # 0 means 4 * d_model (the reference: 3072 for 768)
+    max_seq_len: int = 256          # the training length; encodings that need it read it from here
+    encoding: str = "rope"
+    encoding_options: dict[str, Any] = field(default_factory=dict)
+    attention: str = "auto"
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        if self.d_ff <= 0:
+            self.d_ff = 4 * self.d_model
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"d_model {self.d_model} must split into {self.n_heads} heads of even size")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer, self.n_heads, self.head_dim, self.backend = layer, cfg.n_heads, cfg.head_dim, cfg.attention
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: Tensor, state: Any, positions: Tensor, pe, cache: LayerCache | None):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = pe.rotate(self.layer, q, k, state)
+        extra = pe.state_values(self.layer, state)
+        if extra is not None:                       # aggregated by the same attention weights as v
+            v = torch.cat((v, extra.to(v.dtype)), dim=-1)
+        k_pos = positions
+        if cache is not None:
+            k, v, k_pos = cache.append(k, v, positions)
+        y = attend(q, k, v, pe.bias(self.layer, positions, k_pos), self.backend)
+        y, aggregated = y[..., :self.head_dim], y[..., self.head_dim:]
+        if extra is not None:
+            state = pe.after_attention(self.layer, state, aggregated)
+        return self.out(y.transpose(1, 2).reshape(b, n, -1)), state
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x: Tensor, state: Any, positions: Tensor, pe, cache: LayerCache | None = None):
+        h, state = self.attn(self.attn_norm(x), state, positions, pe, cache)
+        x = x + h
+        m = self.mlp(self.mlp_norm(x))
+        state = pe.after_mlp(self.layer, state, m)   # TAPE's update is fed by the MLP output
+        return x + m, state
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        encoding_cls = ENCODINGS.get(cfg.encoding)
+        self.encoding = encoding_cls(cfg.n_layers, cfg.n_heads, cfg.head_dim, cfg.d_model, cfg.max_seq_len,
+                                     **cfg.encoding_options)
+        cfg.encoding_options = dict(self.encoding.options)   # record every resolved option
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        self.encoding.init_weights()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, tokens: Tensor, positions: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """tokens ``[B, N]`` -> logits ``[B, N, vocab]``. ``positions``: ``[N]`` or ``[B, N]``; by default
+        0..N-1, continuing after the cached tokens when a ``cache`` is given."""
+        b, n = tokens.shape
+        if positions is None:
+            start = cache.length if cache is not None else 0
+            positions = torch.arange(start, start + n, device=tokens.device)
+        positions = positions.to(tokens.device).expand(b, n) if positions.dim() == 1 else positions
+        state = self.encoding.init_state(positions)
+        x = self.encoding.embed(self.embed(tokens), state)
+        for i, block in enumerate(self.blocks):
+            x, state = block(x, state, positions, self.encoding, cache.layers[i] if cache is not None else None)
+        if cache is not None:
+            cache.length += n
+        return self.lm_head(self.norm(x))
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.config.n_layers)
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, max_new_tokens: int, eos_id: int | None = None,
+                 use_cache: bool = True) -> Tensor:
+        """Greedy decoding; returns ``[B, max_new_tokens]`` new tokens (after EOS: ``eos_id``)."""
+        return greedy_generate(self, prompt, max_new_tokens, eos_id, use_cache)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
