@@ -3,7 +3,7 @@
 ``attend(q, k, v, bias, backend)``: q ``[B, H, Nq, D]``, k ``[B, H, Nk, D]``, v ``[B, H, Nk, Dv]`` (Dv may
 exceed D: TAPE appends its state to the values), bias ``[B or 1, H, Nq, Nk]`` or None. Attention is causal
 and bottom-right aligned: query i (the (Nk - Nq + i)-th token) sees keys 0..Nk - Nq + i, which is what a KV
-cache needs. Scale 1/sqrt(D); softmax in float32 on the eager path.
+cache needs. Scale 1/sqrt(D); softmax in float32 (at least) on the eager path.
 
 - ``eager``: explicit scores and softmax; the reference every other backend is tested against.
 - ``sdpa``: ``F.scaled_dot_product_attention`` (fused flash / memory-efficient kernels on GPU; the bias
@@ -46,9 +46,10 @@ def causal_mask(nq: int, nk: int, device) -> Tensor:
 
 @backend("eager")
 def eager_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-    scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
+    dtype = torch.promote_types(q.dtype, torch.float32)      # float32 softmax for half types; float64 stays
+    scores = (q @ k.transpose(-2, -1)).to(dtype) / math.sqrt(q.shape[-1])
     if bias is not None:
-        scores = scores + bias.float()
+        scores = scores + bias.to(dtype)
     scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
     return torch.softmax(scores, dim=-1).to(v.dtype) @ v
 

@@ -54,7 +54,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))   # float32 at least (float64 stays)
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
@@ -72,10 +72,12 @@ class Attention(nn.Module):
         extra = pe.state_values(self.layer, state)
         if extra is not None:                       # aggregated by the same attention weights as v
             v = torch.cat((v, extra.to(v.dtype)), dim=-1)
-        k_pos = positions
+        q_pos = k_pos = positions
         if cache is not None:
             k, v, k_pos = cache.append(k, v, positions)
-        y = attend(q, k, v, pe.bias(self.layer, positions, k_pos), self.backend)
+        if q_pos.stride(0) == 0 and k_pos.stride(0) == 0:   # rows share their positions: one bias for all
+            q_pos, k_pos = q_pos[:1], k_pos[:1]
+        y = attend(q, k, v, pe.bias(self.layer, q_pos, k_pos), self.backend)
         y, aggregated = y[..., :self.head_dim], y[..., self.head_dim:]
         if extra is not None:
             state = pe.after_attention(self.layer, state, aggregated)

@@ -135,8 +135,11 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope_angles(positions: Tensor, head_dim: int, theta: float) -> Tensor:
-    """Angles ``t * inv_freq`` duplicated over the two halves: ``[B, N] -> [B, N, D]`` (float32)."""
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """RoPE's table for positions ``[B, N]`` (integer or float): cos and sin of ``t * theta^(-2f/D)``,
+    duplicated over the two halves, ``[B, N, D]`` float32. Computed in float64, so that the angle of a far
+    position does not lose its fraction (float32 would round position 16384's angles by up to 1e-3 rad)."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim)
     angles = positions.to(torch.float64)[..., None] * inv_freq
-    return torch.cat((angles, angles), dim=-1).to(torch.float32)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(torch.float32), angles.sin().to(torch.float32)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posbench.encodings.base import rope_angles
+from posbench.encodings.base import rope_cos_sin
 from posbench.encodings.rope import RoPE, apply_rotary
 
 
@@ -37,8 +37,7 @@ class RandPE(RoPE):
         return draw.expand_as(positions)
 
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        angles = rope_angles(self.sample_positions(positions), self.head_dim, self.options["theta"])
-        return angles.cos(), angles.sin()
+        return rope_cos_sin(self.sample_positions(positions), self.head_dim, self.options["theta"])
 
     def init_state(self, positions: Tensor):
         return positions, self.angles(positions)

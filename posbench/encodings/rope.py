@@ -15,7 +15,7 @@ import random
 import torch
 from torch import Tensor
 
-from posbench.encodings.base import PositionalEncoding, rope_angles, rotate_half
+from posbench.encodings.base import PositionalEncoding, rope_cos_sin, rotate_half
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -42,8 +42,7 @@ class RoPE(PositionalEncoding):
         return positions.to(torch.float64) / self.options["scale"]
 
     def init_state(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        angles = rope_angles(self.positions_for(positions), self.head_dim, self.options["theta"])
-        return angles.cos(), angles.sin()
+        return rope_cos_sin(self.positions_for(positions), self.head_dim, self.options["theta"])
 
     def rotate(self, layer: int, q: Tensor, k: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         cos, sin = state

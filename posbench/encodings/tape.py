@@ -23,6 +23,11 @@ Deliberate choices, each an option:
 - ``random_offset`` (default True, as the reference): while training, all positions are shifted by one
   random k ~ U{0..2 * max_seq_len} per forward pass. The RoPE baseline has the same option, off by default.
 - ``position_size`` I (default 0 = 4 x heads), ``theta`` 10000, ``scale`` 1 (linear position interpolation).
+
+The state after the last layer is discarded (as in the reference), so the last layer neither appends the
+state to its values nor updates it. Its TAPE parameters exist, so the parameter count is the paper's
+L * (d_model*I + 2*H*I + H*H), but they never reach the loss and get no gradient (also as in the reference,
+where they are computed and then dropped).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posbench.encodings.base import PositionalEncoding, rope_angles, rotate_half
+from posbench.encodings.base import EncodingOptionError, PositionalEncoding, rope_cos_sin, rotate_half
 from posbench.encodings.rope import training_offset
 
 
@@ -49,10 +54,14 @@ class TAPELayer(nn.Module):
         return self.gate.sum(-1) if self.gate.dim() == 2 else self.gate
 
     def mlp_update(self, mlp_out: Tensor, state: Tensor) -> Tensor:
-        """dE for the stacked state ``[B, H, N, 2D]`` from the MLP output ``[B, N, d_model]``."""
-        g = F.silu(self.x_proj(mlp_out))                                   # [B, N, I]
-        up = torch.einsum("ph,bhnd->bpnd", self.up_proj.weight, state)     # mix heads -> I channels
-        return torch.einsum("hp,bnp,bpnd->bhnd", self.down_proj.weight, g, up)
+        """dE for the stacked state ``[B, H, N, 2D]`` from the MLP output ``[B, N, d_model]``.
+
+        dE[h] = sum_p W_down[h, p] g[p] sum_h' W_up[p, h'] E[h'] = sum_h' M[h, h'] E[h'], with one H x H
+        mixing matrix per token, M = W_down diag(g) W_up: the same sum, without an I-channel copy of the state.
+        """
+        g = F.silu(self.x_proj(mlp_out))                                        # [B, N, I]
+        mix = (self.down_proj.weight * g[..., None, :]) @ self.up_proj.weight   # [B, N, H, H]
+        return torch.einsum("bnhk,bknd->bhnd", mix, state)
 
 
 class TAPE(PositionalEncoding):
@@ -64,7 +73,7 @@ class TAPE(PositionalEncoding):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.options["gate"] not in {"rowsum", "scalar"}:
-            raise ValueError(f"encoding 'tape' option gate must be 'rowsum' or 'scalar', got {self.options['gate']!r}")
+            raise EncodingOptionError(f"encoding 'tape' option gate must be 'rowsum' or 'scalar', got {self.options['gate']!r}")
         if self.options["position_size"] <= 0:
             self.options["position_size"] = 4 * self.n_heads
         self.layers = nn.ModuleList(
@@ -79,23 +88,29 @@ class TAPE(PositionalEncoding):
     def init_state(self, positions: Tensor) -> Tensor:
         """The state as one tensor ``[B, H, N, 2D]`` = [C | S]."""
         positions = training_offset(self, positions, self.options["random_offset"], self.max_seq_len)
-        angles = rope_angles(positions.to(torch.float64) / self.options["scale"], self.head_dim,
-                             self.options["theta"])
-        state = torch.cat((angles.cos(), angles.sin()), dim=-1)            # [B, N, 2D]
+        cos, sin = rope_cos_sin(positions.to(torch.float64) / self.options["scale"], self.head_dim,
+                                self.options["theta"])
+        state = torch.cat((cos, sin), dim=-1)                              # [B, N, 2D]
         return state[:, None].expand(-1, self.n_heads, -1, -1)
 
     def rotate(self, layer: int, q: Tensor, k: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = state.to(q.dtype).chunk(2, dim=-1)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
-    def state_values(self, layer: int, state: Tensor) -> Tensor:
-        return state
+    def is_last(self, layer: int) -> bool:
+        """The state after the last layer is discarded, so that layer's updates are skipped."""
+        return layer == self.n_layers - 1
+
+    def state_values(self, layer: int, state: Tensor) -> Tensor | None:
+        return None if self.is_last(layer) else state
 
     def after_attention(self, layer: int, state: Tensor, aggregated: Tensor) -> Tensor:
         gate = self.layers[layer].head_gate().to(aggregated.dtype)
         return state + gate[None, :, None, None] * aggregated
 
     def after_mlp(self, layer: int, state: Tensor, mlp_out: Tensor) -> Tensor:
+        if self.is_last(layer):
+            return state
         return state + self.layers[layer].mlp_update(mlp_out, state.to(mlp_out.dtype))
 
     def added_parameters(self) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posbench.encodings.base import PositionalEncoding, rope_angles
+from posbench.encodings.base import PositionalEncoding, rope_cos_sin
 from posbench.encodings.rope import apply_rotary
 
 
@@ -28,10 +28,10 @@ class XPos(PositionalEncoding):
         return torch.cat((zeta, zeta))
 
     def init_state(self, positions: Tensor):
-        angles = rope_angles(positions, self.head_dim, self.options["theta"])
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.options["theta"])
         power = (positions.to(torch.float64) - self.max_seq_len // 2) / self.options["scale_base"]
         scale = (self.zeta(positions.device) ** power[..., None]).to(torch.float32)  # [B, N, D]
-        return angles.cos(), angles.sin(), scale
+        return cos, sin, scale
 
     def rotate(self, layer: int, q: Tensor, k: Tensor, state) -> tuple[Tensor, Tensor]:
         cos, sin, scale = state

@@ -1,0 +1,1 @@
+"""Pure evaluation functions of the long-context tasks (perplexity windows, passkey prompts)."""

@@ -1,0 +1,136 @@
+"""The generic run flow the CLI drives: config -> model -> engine.train -> task.evaluate -> run directory.
+
+``execute(config, out_root)`` starts a fresh run; ``resume(run_dir)`` continues a killed one from its last
+checkpoint (same directory, same config). Both return the finished run's directory and result dict.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posbench import engine
+from posbench.config import ConfigError, RunConfig
+from posbench.results import (CHECKPOINT_DIR, CONFIG_FILE, PREDICTIONS_FILE, RESULT_FILE, SCHEMA_VERSION,
+                              ResultError, atomic_write_json, environment_info, new_run_dir, now_iso,
+                              posbench_info, read_run_config, sha256_file, write_predictions)
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    result: dict[str, Any]
+
+
+def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: Any = None,
+            callbacks: tuple = (), command: list[str] | None = None, run_dir: Path | None = None,
+            resume: bool = False) -> RunOutcome:
+    """Run one (task, encoding) end to end and write ``<out_root>/<task>/<encoding>/<run-id>/``."""
+    from posbench.model import ModelConfig, Transformer
+    from posbench.tasks import TASKS
+
+    started = time.perf_counter()
+    task = TASKS.get(config.task)(config)
+    task.validate()
+    train_cfg = engine.TrainConfig(**config.train)
+    device = engine.pick_device(config.device)
+    engine.setup_device(device, train_cfg.threads)
+    created = now_iso()
+    if run_dir is None:
+        run_dir = new_run_dir(Path(out_root), config.task, config.encoding)
+    task.run_dir = run_dir          # tasks that save files with the run (a trained tokenizer) read it
+    if not (run_dir / CONFIG_FILE).exists():
+        atomic_write_json(run_dir / CONFIG_FILE, {"config": config.to_dict(), "created": created,
+                                                  "command": command or sys.argv})
+    seeds = engine.seed_everything(config.seed)
+
+    init_info = None
+    if config.init is not None:
+        from posbench.config import read_init_model_config
+
+        model_dict = task.init_model_config(read_init_model_config(config.init))
+        model_dict.update({k: v for k, v in config.model.items() if k in model_dict})
+        model_dict["encoding_options"] = dict(config.encoding_options)
+        model_cfg = ModelConfig(**model_dict)
+        if model_cfg.vocab_size != task.vocab_size():
+            raise ConfigError(f"--init run {config.init} has vocabulary {model_cfg.vocab_size}, task "
+                              f"'{config.task}' needs {task.vocab_size()}")
+    else:
+        model_cfg = task.model_config()
+    model = Transformer(model_cfg)
+    if config.init is not None:
+        weights = Path(config.init) / CHECKPOINT_DIR / "model.safetensors"
+        if not resume:
+            engine.load_weights(model, weights)
+        init_info = {"run": str(config.init), "checkpoint_sha256": sha256_file(weights) if weights.is_file() else None}
+
+    stream = task.train_stream() if train_cfg.steps > 0 else None
+    checkpoint_dir = run_dir / CHECKPOINT_DIR
+    train_result = engine.train(model, stream, train_cfg, device=device, checkpoint_dir=checkpoint_dir,
+                                resume=resume, loss_fn=task.loss, callbacks=callbacks, reporter=reporter,
+                                seed=config.seed, description=f"{config.encoding} train")
+    precision = engine.resolve_precision(train_cfg.precision, device)
+    eval_start = time.perf_counter()
+    model.eval()
+    with torch.no_grad(), engine.autocast(device, precision):
+        evaluation = task.evaluate(model, device, reporter)
+    n_predictions = write_predictions(run_dir / PREDICTIONS_FILE, evaluation.predictions)
+    eval_s = time.perf_counter() - eval_start
+
+    weights = checkpoint_dir / "model.safetensors"
+    prior = read_run_config(run_dir) if resume else {"created": created, "command": command or sys.argv}
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_dir.name,
+        "task": config.task,
+        "encoding": config.encoding,
+        "preset": config.preset,
+        "status": "complete",
+        "created": prior.get("created", created),
+        "finished": now_iso(),
+        "command": prior.get("command", command or sys.argv),
+        "posbench": posbench_info(),
+        "environment": environment_info(device, precision),
+        "seeds": {**seeds, **task.seeds()},
+        "config": {**config.to_dict(), "model_config": model.config.to_dict()},
+        "model": {"parameters": model.num_parameters(),
+                  "checkpoint": f"{CHECKPOINT_DIR}/model.safetensors" if weights.is_file() else None,
+                  "checkpoint_sha256": sha256_file(weights) if weights.is_file() else None},
+        "init": init_info,
+        "data": task.data_info(),
+        "training": train_result.to_dict(),
+        "timings": {"train_s": round(train_result.train_s, 3), "eval_s": round(eval_s, 3),
+                    "total_s": round(time.perf_counter() - started, 3),
+                    "tokens_per_s": round(train_result.tokens_per_s, 1)},
+        "metrics": {name: metric.to_dict() for name, metric in evaluation.metrics.items()},
+        "primary_metric": evaluation.primary,
+        "grids": {name: grid.to_dict() for name, grid in evaluation.grids.items()},
+        "evaluation": evaluation.info,
+        "predictions": PREDICTIONS_FILE if n_predictions else None,
+        "n_predictions": n_predictions,
+    }
+    atomic_write_json(run_dir / RESULT_FILE, result)
+    return RunOutcome(run_dir, result)
+
+
+def resume(run_dir: Path | str, *, device: str | None = None, reporter: Any = None, callbacks: tuple = ()
+           ) -> RunOutcome:
+    """Continue a killed run in place from its last checkpoint."""
+    run_dir = Path(run_dir)
+    stored = read_run_config(run_dir)
+    if (run_dir / RESULT_FILE).exists():
+        raise ResultError(f"{run_dir} has already finished (result.json exists); start a new run instead")
+    try:
+        config = RunConfig.from_dict(stored["config"])
+    except (KeyError, TypeError) as exc:
+        raise ResultError(f"{run_dir / CONFIG_FILE} is not a posbench run config ({exc})") from None
+    if device is not None:
+        config.device = device
+    has_checkpoint = engine.checkpoint_path(run_dir / CHECKPOINT_DIR) is not None
+    return execute(config, run_dir.parent.parent.parent, reporter=reporter, callbacks=callbacks,
+                   run_dir=run_dir, resume=has_checkpoint)

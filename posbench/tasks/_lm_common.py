@@ -1,0 +1,204 @@
+"""Shared pieces of the language-model tasks (pretrain, perplexity, passkey, scrolls): tokenizers resolved
+from ``--tokenizer`` or from an ``--init`` run, corpus token streams, and the chunked training stream.
+
+Not a task itself (the leading underscore keeps ``posbench.tasks`` from importing it as one).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from posbench.config import ConfigError
+from posbench.data.errors import DataError
+from posbench.data.lm import TokenStream, token_stream
+from posbench.data.sources import open_source
+from posbench.data.tokenizer import Tokenizer, build_tokenizer, parse_bpe_spec, tokenizer_from_spec
+from posbench.engine import Batch
+from posbench.tasks.base import SeededStream, Task
+
+BPE_TRAIN_CHARS = 2_000_000
+
+
+def read_init_result(init: str | Path) -> dict[str, Any]:
+    path = Path(init) / "result.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"--init {init}: no result.json (the run has not finished)") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--init {init}: cannot read result.json ({exc})") from None
+
+
+def init_tokenizer(init: str | Path) -> Tokenizer:
+    """The tokenizer an ``--init`` run recorded (``result["data"]["tokenizer"]``), loaded from its directory."""
+    spec = (read_init_result(init).get("data") or {}).get("tokenizer")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"--init {init}: that run recorded no tokenizer (is it a pretrain, perplexity, passkey "
+                          f"or scrolls run?)")
+    return tokenizer_from_spec(spec, init)
+
+
+class TokenizerMixin:
+    """Resolves ``self.tokenizer`` once: from ``--init``, from the run directory (resume), or from the
+    ``tokenizer`` option (a BPE is trained on ``train_texts()`` and saved with the run)."""
+
+    _tokenizer: Tokenizer | None = None
+
+    def train_texts(self):
+        raise DataError("--tokenizer bpe needs a training corpus; this task has none (use --tokenizer byte)")
+
+    def bpe_trained_on(self) -> dict[str, Any]:
+        return {}
+
+    _tokenizer_saved = False
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = self._resolve_tokenizer()
+        run_dir = getattr(self, "run_dir", None)
+        if run_dir is not None and not self._tokenizer_saved:
+            self._tokenizer.save(run_dir)        # the run is self-contained: --init reloads it from here
+            self._tokenizer_saved = True
+        return self._tokenizer
+
+    def _resolve_tokenizer(self) -> Tokenizer:
+        config = self.config
+        spec = self.opts.get("tokenizer", "byte")
+        if config.init is not None:
+            if spec not in ("", "byte"):
+                raise ConfigError(f"the tokenizer comes from the --init run {config.init}; leave task.tokenizer "
+                                  f"unset")
+            return init_tokenizer(config.init)
+        run_dir = getattr(self, "run_dir", None)
+        if parse_bpe_spec(spec) is not None and run_dir is not None and (Path(run_dir) / "tokenizer.json").is_file():
+            from posbench.data.tokenizer import BPETokenizer
+
+            return BPETokenizer.load(run_dir)          # a resumed run keeps the tokenizer it trained
+        return build_tokenizer(spec, train_texts=self.train_texts, trained_on=self.bpe_trained_on())
+
+
+class ChunkStream(SeededStream):
+    """Non-overlapping windows of ``length + 1`` tokens (inputs and next-token targets), visited in a fresh
+    random order every epoch; batch k is a pure function of (seed, k), so resume is exact."""
+
+    def __init__(self, seed: int, tokens: np.ndarray, length: int):
+        super().__init__(seed)
+        self.tokens = torch.as_tensor(tokens, dtype=torch.long)
+        self.length = length
+        self.n_chunks = (len(tokens) - 1) // length
+        if self.n_chunks < 1:
+            raise DataError(f"the training text has {len(tokens)} tokens, fewer than one sequence of {length + 1}")
+        self._perms: dict[int, np.ndarray] = {}
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            if len(self._perms) > 4:
+                self._perms.clear()
+            self._perms[epoch] = np.random.default_rng([self.seed, 7, epoch]).permutation(self.n_chunks)
+        return self._perms[epoch]
+
+    def make_batch(self, rng: np.random.Generator, batch_size: int, index: int) -> Batch:
+        rows = []
+        for g in range(index * batch_size, (index + 1) * batch_size):
+            epoch, pos = divmod(g, self.n_chunks)
+            start = int(self._perm(epoch)[pos]) * self.length
+            rows.append(self.tokens[start: start + self.length + 1])
+        x = torch.stack(rows)
+        return Batch(x[:, :-1].contiguous(), x[:, 1:].contiguous())
+
+
+class CorpusTask(TokenizerMixin, Task):
+    """Common base of ``pretrain`` and ``perplexity``: a corpus, a tokenizer, a chunked training stream and a
+    held-out token stream."""
+
+    options = {
+        "data": "stdlib",
+        "text_field": "text",
+        "tokenizer": "byte",
+        "max_train_tokens": 0,
+        "eval_tokens": 65536,
+        "eval_batch_size": 8,
+        "bpe_train_chars": BPE_TRAIN_CHARS,
+    }
+    option_help = {
+        "data": "corpus: stdlib (built in), a .jsonl/.json/.parquet/.txt file or directory, or a hub name",
+        "text_field": "the field holding each document's text",
+        "tokenizer": "byte, bpe or bpe:VOCAB (trained on the corpus, saved with the run), or an HF name/path",
+        "max_train_tokens": "training tokens read from the corpus (0: the whole training split)",
+        "eval_tokens": "held-out tokens evaluated (0: the whole held-out split)",
+        "eval_batch_size": "windows per forward pass in evaluation",
+        "bpe_train_chars": "characters of the training split a BPE tokenizer is trained on",
+    }
+
+    _train: TokenStream | None = None
+    _eval: TokenStream | None = None
+
+    @property
+    def source(self):
+        if getattr(self, "_source", None) is None:
+            self._source = open_source(self.opts["data"], text_field=self.opts["text_field"])
+        return self._source
+
+    def train_texts(self):
+        budget = self.opts["bpe_train_chars"]
+
+        def texts():
+            used = 0
+            for text in self.source.documents("train"):
+                yield text
+                used += len(text)
+                if used >= budget:
+                    break
+        return texts()
+
+    def bpe_trained_on(self) -> dict[str, Any]:
+        return {"source": self.source.spec, "split": "train", "max_chars": self.opts["bpe_train_chars"]}
+
+    @property
+    def train_length(self) -> int:
+        return int(self.config.model.get("max_seq_len") or 0)
+
+    def validate(self) -> None:
+        if self.train_length < 2:
+            raise ConfigError(f"model.max_seq_len (the training length) must be >= 2, got {self.train_length}")
+        for key in ("max_train_tokens", "eval_tokens"):
+            if self.opts[key] < 0:
+                raise ConfigError(f"task.{key} must be >= 0, got {self.opts[key]}")
+        if self.opts["eval_batch_size"] < 1:
+            raise ConfigError("task.eval_batch_size must be >= 1")
+        self.source  # noqa: B018 - resolve --data now, so a bad source fails before anything runs
+
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def train_tokens(self) -> TokenStream:
+        if self._train is None:
+            self._train = token_stream(self.source, "train", self.tokenizer, self.opts["max_train_tokens"] or None)
+        return self._train
+
+    def eval_tokens(self) -> TokenStream:
+        if self._eval is None:
+            self._eval = token_stream(self.source, "validation", self.tokenizer, self.opts["eval_tokens"] or None)
+            if len(self._eval.tokens) < 2:
+                raise DataError(f"the held-out split of '{self.source.spec}' is empty; give the data a validation "
+                                f"file or more documents")
+        return self._eval
+
+    def train_stream(self) -> ChunkStream:
+        return ChunkStream(self.config.seed, self.train_tokens().tokens, self.train_length)
+
+    def data_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"source": self.source.spec, "source_info": self.source.describe(),
+                                "tokenizer": self.tokenizer.spec()}
+        if self._train is not None:
+            info["train"] = self._train.describe()
+        info["validation"] = self.eval_tokens().describe()
+        info["hash"] = (self._train.sha256 if self._train is not None else info["validation"]["sha256"])
+        info["documents"] = "concatenated, each followed by EOS, cut into non-overlapping chunks"
+        return info

@@ -1,0 +1,294 @@
+"""Passkey retrieval: find a 1-5 digit key hidden in filler text, at and beyond the training length.
+
+Training (from ``--init RUN_DIR`` or from scratch): prompts of the LongLoRA template assembled in token
+space at ``task.train_length`` tokens (0: ``model.max_seq_len``) with a uniform random depth and key,
+followed by the answer and EOS; the loss is on every token (``task.loss=all``) or on the answer and EOS
+only (``answer``).
+
+Evaluation, ``task.mode``:
+
+* ``grid`` (default): a length x depth grid -- lengths ``length_factors`` x the training length, depths
+  ``depths`` (0: key right after the task description, 1: right before the question), ``trials`` keys
+  per cell with fixed seeds (the same for every encoding); accuracy heatmap per encoding in ``compare``.
+* ``longlora``: LongLoRA's ``passkey_retrivial.py`` exactly -- character-budget prompts built by
+  ``posbench.evaluation.passkey.longlora_prompt`` with numpy seeds 0..trials-1 at each of the
+  ``max_tokens // interval`` length points (``n_garbage = int(3.75 * (i + 1) * interval // 1024 * 1024)``
+  characters), reported against the mean prompt length in tokens.
+
+A trial is correct when greedy decoding of exactly as many tokens as the answer (``" " + key``) has
+reproduces it. Chance is 1 in 49,999.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import torch
+
+from posbench.config import ConfigError
+from posbench.engine import IGNORE_INDEX, Batch
+from posbench.evaluation import passkey as pk
+from posbench.results import Axis, Evaluation, Grid, Metric
+from posbench.tasks._lm_common import TokenizerMixin
+from posbench.tasks.base import SeededStream, Task, config_hash
+
+MODES = ("grid", "longlora")
+CHANCE = 1 / (pk.KEY_HIGH - pk.KEY_LOW)
+
+
+def _stderr(acc: float, n: int) -> float | None:
+    return math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else None
+
+
+class PasskeyStream(SeededStream):
+    """Training prompts at a fixed length; example g draws (depth, key) from (seed, batch index)."""
+
+    def __init__(self, seed: int, builder: pk.GridBuilder, length: int, eos_id: int, pad_id: int, loss: str):
+        super().__init__(seed)
+        self.builder, self.length, self.eos_id, self.pad_id, self.loss = builder, length, eos_id, pad_id, loss
+
+    def make_batch(self, rng: np.random.Generator, batch_size: int, index: int) -> Batch:
+        tokens = torch.full((batch_size, self.length), self.pad_id, dtype=torch.long)
+        targets = torch.full((batch_size, self.length), IGNORE_INDEX, dtype=torch.long)
+        for row in range(batch_size):
+            key = int(rng.integers(pk.KEY_LOW, pk.KEY_HIGH))
+            depth = float(rng.random())
+            answer_len = len(self.builder.tok.encode(pk.answer_text(key)))
+            p = self.builder.build(self.length - answer_len, depth, key)
+            seq = p.prompt_ids + p.answer_ids + [self.eos_id]          # length + 1 tokens
+            x, y = torch.tensor(seq[:-1]), torch.tensor(seq[1:])
+            tokens[row] = x
+            if self.loss == "answer":
+                start = len(p.prompt_ids) - 1                         # target of the last prompt token
+                targets[row, start:] = y[start:]
+            else:
+                targets[row] = y
+        return Batch(tokens, targets)
+
+
+class Passkey(TokenizerMixin, Task):
+    name = "passkey"
+    description = "passkey retrieval (LongLoRA template): length x depth accuracy grid, or LongLoRA's exact test"
+    options = {
+        "mode": "grid",
+        "tokenizer": "byte",
+        "train_length": 0,
+        "loss": "all",
+        "length_factors": [1, 2, 4],
+        "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
+        "trials": 10,
+        "eval_seed": 0,
+        "max_tokens": 0,
+        "interval": 0,
+        "eval_batch_size": 8,
+    }
+    option_help = {
+        "mode": "grid (length x depth, token-exact lengths) or longlora (LongLoRA's script exactly)",
+        "tokenizer": "byte, or a Hugging Face tokenizer name/path (with --init: the init run's)",
+        "train_length": "fine-tuning length in tokens (0: model.max_seq_len); sets model.max_seq_len",
+        "loss": "all (every token) or answer (the key and EOS only)",
+        "length_factors": "grid lengths as multiples of the training length",
+        "depths": "grid depths in [0, 1] (fraction of the filler before the key)",
+        "trials": "keys per grid cell / per LongLoRA length point (LongLoRA: 10, TAPE: 20)",
+        "eval_seed": "seed of the grid's keys (the same for every encoding)",
+        "max_tokens": "longlora mode: --max_tokens (0: the largest grid length)",
+        "interval": "longlora mode: --interval (0: the training length)",
+        "eval_batch_size": "prompts decoded together",
+    }
+    presets = {
+        "tiny": {
+            "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 0},
+            "train": {"steps": 10, "batch_size": 4, "lr": 3e-3, "warmup_ratio": 0.1, "log_every": 5},
+            "task": {"train_length": 288, "length_factors": [1, 2], "depths": [0.0, 0.5, 1.0], "trials": 2},
+        },
+        "small": {
+            "model": {"d_model": 128, "n_layers": 4, "n_heads": 4, "max_seq_len": 0},
+            "train": {"steps": 500, "batch_size": 16, "lr": 2e-3, "warmup_ratio": 0.05, "min_lr_ratio": 0.1,
+                      "log_every": 50},
+            "task": {"train_length": 384, "length_factors": [1, 2, 4], "trials": 10},
+        },
+        "paper": {
+            # LongLoRA / TAPE: fine-tune at 8192 (here: from a pretrain run with --init), test to 8192+.
+            "model": {"d_model": 768, "n_layers": 12, "n_heads": 12, "d_ff": 3072, "max_seq_len": 0},
+            "train": {"steps": 1000, "batch_size": 64, "grad_accum": 8, "lr": 2e-5, "warmup_steps": 50,
+                      "weight_decay": 0.0, "log_every": 50},
+            "task": {"train_length": 1024, "length_factors": [1, 2, 4, 8], "trials": 20},
+        },
+    }
+
+    # ---- configuration ---------------------------------------------------------------------------------
+    def validate(self) -> None:
+        o = self.opts
+        if o["mode"] not in MODES:
+            raise ConfigError(f"task.mode must be one of {', '.join(MODES)}, got {o['mode']!r}")
+        if o["loss"] not in ("all", "answer"):
+            raise ConfigError(f"task.loss must be all or answer, got {o['loss']!r}")
+        if o["train_length"] > 0:
+            self.config.model["max_seq_len"] = int(o["train_length"])
+        if any(not 0.0 <= d <= 1.0 for d in o["depths"]) or not o["depths"]:
+            raise ConfigError(f"task.depths must lie in [0, 1], got {o['depths']}")
+        if any(f <= 0 for f in o["length_factors"]) or not o["length_factors"]:
+            raise ConfigError(f"task.length_factors must be positive, got {o['length_factors']}")
+        for key in ("trials", "eval_batch_size"):
+            if o[key] < 1:
+                raise ConfigError(f"task.{key} must be >= 1, got {o[key]}")
+        need = self.builder.min_length() + len(self.tokenizer.encode(pk.answer_text(pk.KEY_HIGH - 1)))
+        if self.train_length < need:
+            raise ConfigError(f"passkey prompts need at least {need} tokens with this tokenizer; set "
+                              f"task.train_length (now {self.train_length})")
+
+    def _resolve_tokenizer(self):
+        if self.config.init is None and self.opts["tokenizer"].startswith("bpe"):
+            raise ConfigError("passkey has no corpus to train a BPE on; use --tokenizer byte, a Hugging Face "
+                              "tokenizer, or --init a pretrain run (its tokenizer is used)")
+        return super()._resolve_tokenizer()
+
+    @property
+    def builder(self) -> pk.GridBuilder:
+        if getattr(self, "_builder", None) is None:
+            self._builder = pk.GridBuilder(self.tokenizer)
+        return self._builder
+
+    @property
+    def train_length(self) -> int:
+        return int(self.config.model.get("max_seq_len") or 0)
+
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def lengths(self) -> list[int]:
+        return sorted({int(round(f * self.train_length)) for f in self.opts["length_factors"]})
+
+    def train_stream(self) -> PasskeyStream:
+        tok = self.tokenizer
+        return PasskeyStream(self.config.seed, self.builder, self.train_length, tok.eos_id, tok.pad_id,
+                             self.opts["loss"])
+
+    def seeds(self) -> dict[str, int]:
+        return {"data": self.config.seed, "eval": self.opts["eval_seed"]}
+
+    def data_info(self) -> dict[str, Any]:
+        spec = {"template": "LongLoRA passkey_retrivial.py", "mode": self.opts["mode"],
+                "train_length": self.train_length, "key_range": [pk.KEY_LOW, pk.KEY_HIGH - 1],
+                "answer": "' ' + key, greedy, exact match of all answer tokens", "loss": self.opts["loss"],
+                "eval_seed": self.opts["eval_seed"], "trials": self.opts["trials"]}
+        return {"source": "synthetic (passkey retrieval)", "hash": config_hash(spec), **spec,
+                "tokenizer": self.tokenizer.spec()}
+
+    # ---- evaluation ------------------------------------------------------------------------------------
+    def _decode_batch(self, model, device, prompts: list[list[int]], answers: list[list[int]]) -> list[list[int]]:
+        n_new = max(len(a) for a in answers)
+        out = model.generate(torch.tensor(prompts, device=device), max_new_tokens=n_new).tolist()
+        return [row[: len(a)] for row, a in zip(out, answers)]
+
+    def evaluate(self, model, device, reporter: Any) -> Evaluation:
+        if self.opts["mode"] == "longlora":
+            return self._evaluate_longlora(model, device, reporter)
+        return self._evaluate_grid(model, device, reporter)
+
+    def _evaluate_grid(self, model, device, reporter: Any) -> Evaluation:
+        lengths, depths, trials = self.lengths(), list(self.opts["depths"]), self.opts["trials"]
+        bs = self.opts["eval_batch_size"]
+        correct = defaultdict(int)
+        predictions: list[dict[str, Any]] = []
+        bar = reporter.task("eval", total=len(lengths) * len(depths), unit="cell") if reporter else None
+        done = 0
+        for length in lengths:
+            items = []
+            for di, depth in enumerate(depths):
+                for t in range(trials):
+                    key = pk.grid_key(pk.trial_seed(self.opts["eval_seed"], length, di, t))
+                    items.append((di, depth, self.builder.build(length, depth, key)))
+            for start in range(0, len(items), bs):
+                chunk = items[start: start + bs]
+                outs = self._decode_batch(model, device, [p.prompt_ids for _, _, p in chunk],
+                                          [p.answer_ids for _, _, p in chunk])
+                for (di, depth, p), got in zip(chunk, outs):
+                    ok = got == p.answer_ids
+                    correct[(length, di)] += int(ok)
+                    predictions.append({"length": length, "depth": depth, "key": p.key,
+                                        "key_position": p.key_position, "prediction": self.tokenizer.decode(got),
+                                        "correct": ok})
+            done += len(depths)
+            if bar:
+                bar.update(done, length=length)
+        if bar:
+            bar.close()
+        acc = [[correct[(L, di)] / trials for di in range(len(depths))] for L in lengths]
+        grid = Grid(metric="accuracy", axes=[Axis("length", lengths), Axis("depth", depths)],
+                    values=[[100 * a for a in row] for row in acc],
+                    stderr=[[None if _stderr(a, trials) is None else 100 * _stderr(a, trials) for a in row]
+                            for row in acc],
+                    n=[[trials] * len(depths) for _ in lengths], higher_is_better=True,
+                    meta={"train_max": {"length": self.train_length, "depth": 1.0}, "unit": "%"})
+        metrics = {"accuracy": self._mean_metric([a for row in acc for a in row], trials)}
+        inside = [a for L, row in zip(lengths, acc) if L <= self.train_length for a in row]
+        beyond = [a for L, row in zip(lengths, acc) if L > self.train_length for a in row]
+        if inside:
+            metrics["accuracy_train_length"] = self._mean_metric(inside, trials)
+        if beyond:
+            metrics["accuracy_beyond"] = self._mean_metric(beyond, trials)
+        for L, row in zip(lengths, acc):
+            metrics[f"acc_{_factor(L, self.train_length)}x"] = self._mean_metric(row, trials)
+        return Evaluation(metrics=metrics, primary="accuracy", grids={"accuracy": grid}, predictions=predictions,
+                          info={"mode": "grid", "train_length": self.train_length, "lengths": lengths,
+                                "depths": depths, "trials_per_cell": trials, "chance_accuracy_pct": 100 * CHANCE,
+                                "decoding": "greedy, KV cache, len(answer) tokens"})
+
+    @staticmethod
+    def _mean_metric(cell_accs: list[float], trials: int) -> Metric:
+        value = 100 * sum(cell_accs) / len(cell_accs)
+        errs = [_stderr(a, trials) for a in cell_accs]
+        stderr = None if any(e is None for e in errs) else 100 * math.sqrt(sum(e * e for e in errs)) / len(errs)
+        return Metric(value, stderr, trials * len(cell_accs), True)
+
+    def _evaluate_longlora(self, model, device, reporter: Any) -> Evaluation:
+        interval = self.opts["interval"] or self.train_length
+        max_tokens = self.opts["max_tokens"] or max(self.lengths())
+        points = pk.longlora_points(max_tokens, interval)
+        if not points:
+            raise ConfigError(f"longlora mode: max_tokens {max_tokens} // interval {interval} gives no length point")
+        trials = self.opts["trials"]
+        tok = self.tokenizer
+        rows, predictions, avg_lengths, accs = [], [], [], []
+        bar = reporter.task("eval", total=len(points), unit="length") if reporter else None
+        for i, n_garbage in enumerate(points):
+            passed = total_tokens = 0
+            for seed in range(trials):                      # LongLoRA: seed = test index, at every length
+                prompt, key = pk.longlora_prompt(n_garbage, seed)
+                ids, answer = tok.encode(prompt), tok.encode(pk.answer_text(key))
+                got = self._decode_batch(model, device, [ids], [answer])[0]
+                ok = got == answer
+                passed += int(ok)
+                total_tokens += len(ids)
+                predictions.append({"point": i, "n_garbage": n_garbage, "seed": seed, "key": int(key),
+                                    "tokens": len(ids), "prediction": tok.decode(got), "correct": ok})
+            avg_lengths.append(total_tokens // trials)
+            accs.append(passed / trials)
+            rows.append({"n_garbage": n_garbage, "avg_tokens": total_tokens // trials, "accuracy": passed / trials})
+            if bar:
+                bar.update(i + 1, tokens=total_tokens // trials)
+        if bar:
+            bar.close()
+        grid = Grid(metric="accuracy", axes=[Axis("length", avg_lengths)], values=[100 * a for a in accs],
+                    stderr=[None if _stderr(a, trials) is None else 100 * _stderr(a, trials) for a in accs],
+                    n=[trials] * len(accs), higher_is_better=True,
+                    meta={"train_max": {"length": self.train_length}, "unit": "%"})
+        metrics = {"accuracy": self._mean_metric(accs, trials)}
+        for L, a in zip(avg_lengths, accs):
+            metrics[f"acc_{L}"] = Metric(100 * a, None if _stderr(a, trials) is None else 100 * _stderr(a, trials),
+                                         trials, True)
+        return Evaluation(metrics=metrics, primary="accuracy", grids={"accuracy_longlora": grid},
+                          predictions=predictions,
+                          info={"mode": "longlora", "max_tokens": max_tokens, "interval": interval,
+                                "num_tests": trials, "points": rows, "train_length": self.train_length,
+                                "all_accuracies": {str(r["avg_tokens"]): r["accuracy"] for r in rows},
+                                "chance_accuracy_pct": 100 * CHANCE})
+
+
+def _factor(length: int, train: int) -> str:
+    f = length / train
+    return str(int(f)) if f == int(f) else f"{f:g}"

@@ -1,0 +1,70 @@
+"""Causal language-model pre-training on a text corpus at a fixed length.
+
+Documents of the training split are tokenized, each followed by EOS, concatenated and cut into
+non-overlapping windows of ``model.max_seq_len + 1`` tokens, visited in a fresh random order each epoch
+(the paper: C4, 1024 tokens, 12 layers x 768, batch 512, 10k steps, lr 1e-4). The run's checkpoint (and
+its tokenizer) is what ``perplexity``, ``passkey`` and ``scrolls`` start from with ``--init RUN_DIR``.
+
+Evaluation: held-out perplexity at the training length (non-overlapping chunks), next to the perplexity of
+the held-out text's own unigram distribution (``unigram_ppl`` = exp of its entropy): the best any
+context-free model could do, so a model that uses context must land well below it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from posbench.evaluation.perplexity import evaluate as evaluate_ppl
+from posbench.evaluation.perplexity import unigram_entropy
+from posbench.results import Evaluation, Metric
+from posbench.tasks._lm_common import CorpusTask
+
+PAPER_MODEL = {"d_model": 768, "n_layers": 12, "n_heads": 12, "d_ff": 3072, "max_seq_len": 1024}
+PAPER_TRAIN = {"steps": 10000, "batch_size": 512, "grad_accum": 16, "lr": 1e-4, "warmup_ratio": 0.02,
+               "weight_decay": 0.01, "log_every": 100, "checkpoint_every": 1000}
+
+
+class Pretrain(CorpusTask):
+    name = "pretrain"
+    description = "causal LM pre-training on a corpus (default: the built-in stdlib code corpus); held-out perplexity"
+    options = dict(CorpusTask.options)
+    option_help = dict(CorpusTask.option_help)
+    presets = {
+        "tiny": {
+            "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 64},
+            "train": {"steps": 20, "batch_size": 8, "lr": 3e-3, "warmup_ratio": 0.1, "log_every": 10},
+            "task": {"max_train_tokens": 60000, "eval_tokens": 4096, "bpe_train_chars": 200_000},
+        },
+        "small": {
+            "model": {"d_model": 128, "n_layers": 4, "n_heads": 4, "max_seq_len": 256},
+            "train": {"steps": 600, "batch_size": 16, "lr": 2e-3, "warmup_ratio": 0.05, "min_lr_ratio": 0.1,
+                      "log_every": 50},
+            "task": {"max_train_tokens": 3_000_000, "eval_tokens": 65536},
+        },
+        "paper": {
+            "model": dict(PAPER_MODEL),
+            "train": dict(PAPER_TRAIN),
+            "task": {"data": "allenai/c4:en", "tokenizer": "bpe:32000", "max_train_tokens": 0,
+                     "eval_tokens": 4_000_000, "eval_batch_size": 16},
+        },
+    }
+
+    def evaluate(self, model, device, reporter: Any) -> Evaluation:
+        tokens = self.eval_tokens().tokens
+        bar = reporter.task("eval", total=1, unit="length") if reporter else None
+        res = evaluate_ppl(model, tokens, self.train_length, "chunks", batch_size=self.opts["eval_batch_size"],
+                           device=device)
+        if bar:
+            bar.update(1)
+            bar.close()
+        entropy = unigram_entropy(tokens, self.tokenizer.vocab_size)
+        metrics = {
+            "val_ppl": Metric(res.perplexity, None, res.tokens_scored, higher_is_better=False),
+            "val_loss": Metric(res.mean_nll, None, res.tokens_scored, higher_is_better=False),
+            "unigram_ppl": Metric(math.exp(entropy), None, len(tokens), higher_is_better=False),
+        }
+        return Evaluation(metrics=metrics, primary="val_ppl",
+                          info={"protocol": "chunks", "length": self.train_length, **res.to_dict(),
+                                "unigram_entropy_nats": entropy,
+                                "note": "unigram_ppl: exp(entropy of the held-out tokens' own unigram distribution)"})

@@ -1,0 +1,320 @@
+"""SCROLLS: fine-tune on each data set, generate answers for its validation split, score with the official
+metric; the SCROLLS score is the mean of the seven data-set scores.
+
+Data (``posbench.data.scrolls_data``): ``--data DIR`` with ``DIR/<dataset>/{train,validation}.jsonl`` or,
+with a network, the hub's ``tau/scrolls``; duplicate ids merged into a list of references; query tasks
+split at the first blank line. ``--datasets a,b`` picks a subset (default: all seven).
+
+Per data set, as in the TAPE paper: the model from ``--init RUN_DIR`` (or a fresh one) is fine-tuned for
+``task.ft_steps`` steps (``--steps`` sets it too) on the train split with the loss on the answer tokens and
+EOS only, then generates greedily (KV cache, stop at EOS, at most the data set's token limit) for every
+validation example. Prompts follow lm-evaluation-harness: ``{document}\\n\\nQuestion: {question}\\nAnswer:``
+(ContractNLI: ``Hypothesis:`` / ``Conclusion:``; summaries ask "What is a summary of the preceding
+text?"); the answer follows after one space. Only the document is truncated, to keep the prompt within
+``task.max_input_tokens`` (0: ``model.max_seq_len``), from the side ``task.truncation_side`` names
+(``end``: keep the beginning, as TAPE does; ``start``: keep the end). Both are recorded.
+
+Metrics (``posbench.metrics.scrolls``): Qasper and NarrativeQA F1, QuALITY and ContractNLI EM, QMSum,
+SummScreenFD and GovReport the geometric mean of ROUGE-1/2/L, all x100, in the paper's Table 1 column order,
+then ``scrolls_score``. Each data set's predictions are also written as ``scrolls/<dataset>.json``
+(``{id: prediction}``), the official submission format that ``posbench score`` reads.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+import torch
+
+from posbench import engine
+from posbench.config import ConfigError
+from posbench.data import scrolls_data as sd
+from posbench.data.errors import DataError
+from posbench.engine import IGNORE_INDEX, Batch
+from posbench.metrics import DATASET_TO_METRICS, scrolls as scrolls_metric, scrolls_score
+from posbench.results import Evaluation, Metric, atomic_write_json, mean_stderr
+from posbench.tasks._lm_common import TokenizerMixin
+from posbench.tasks.base import SeededStream, Task, config_hash
+
+# paper Table 1 order: QAS F1, CNLI EM, NQA F1, QuAL EM, QMS Rgm, SumS Rgm, GovR Rgm
+TABLE1 = (("qasper", "qasper_f1"), ("contract_nli", "contract_nli_em"), ("narrative_qa", "narrative_qa_f1"),
+          ("quality", "quality_em"), ("qmsum", "qmsum_rgm"), ("summ_screen_fd", "summ_screen_fd_rgm"),
+          ("gov_report", "gov_report_rgm"))
+COLUMN = dict(TABLE1)
+# generation limits in subword tokens (TAPE: 200 for QA/NLI, 1000 for summaries); x4 for byte tokenizers
+GEN_TOKENS = {"gov_report": 1024, "summ_screen_fd": 512, "qmsum": 512, "narrative_qa": 64, "qasper": 128,
+              "quality": 128, "contract_nli": 8}
+BYTES_PER_TOKEN = 4
+
+
+class ExampleStream(SeededStream):
+    """Fine-tuning batches: examples drawn uniformly (seeded by batch index), right-padded."""
+
+    def __init__(self, seed: int, rows: list[tuple[list[int], list[int]]], pad_id: int):
+        super().__init__(seed)
+        self.rows, self.pad_id = rows, pad_id
+
+    def make_batch(self, rng: np.random.Generator, batch_size: int, index: int) -> Batch:
+        picks = rng.choice(len(self.rows), size=batch_size, replace=len(self.rows) < batch_size)
+        seqs = [(self.rows[i][0], self.rows[i][1]) for i in picks]
+        n = max(len(p) + len(a) for p, a in seqs) - 1
+        tokens = torch.full((batch_size, n), self.pad_id, dtype=torch.long)
+        targets = torch.full((batch_size, n), IGNORE_INDEX, dtype=torch.long)
+        for row, (prompt, answer) in enumerate(seqs):
+            seq = torch.tensor(prompt + answer)
+            tokens[row, :len(seq) - 1] = seq[:-1]
+            start = len(prompt) - 1                    # the last prompt token predicts the first answer token
+            targets[row, start:len(seq) - 1] = seq[start + 1:]
+        return Batch(tokens, targets)
+
+
+class Scrolls(TokenizerMixin, Task):
+    name = "scrolls"
+    description = "SCROLLS: per-dataset fine-tuning, greedy generation, official metrics (paper Table 1)"
+    options = {
+        "datasets": "all",
+        "data": "",
+        "tokenizer": "byte",
+        "ft_steps": 0,
+        "max_input_tokens": 0,
+        "truncation_side": "end",
+        "max_new_tokens": "",
+        "max_train_examples": 0,
+        "max_eval_examples": 0,
+        "eval_batch_size": 8,
+    }
+    option_help = {
+        "datasets": "comma-separated subset of the seven data sets, or all",
+        "data": "DIR with DIR/<dataset>/{train,validation}.jsonl (empty: the hub's tau/scrolls)",
+        "tokenizer": "byte or a Hugging Face name/path (with --init: the init run's tokenizer)",
+        "ft_steps": "fine-tuning steps per data set (--steps sets it; the train section gives the recipe)",
+        "max_input_tokens": "longest prompt in tokens; the document is truncated to fit (0: model.max_seq_len)",
+        "truncation_side": "end (keep the document's beginning) or start (keep its end)",
+        "max_new_tokens": "generation limit: N for all data sets, or dataset=N,... (default: per-dataset table)",
+        "max_train_examples": "train examples per data set (0: all)",
+        "max_eval_examples": "validation examples per data set (0: all)",
+        "eval_batch_size": "prompts of equal length decoded together",
+    }
+    presets = {
+        "tiny": {
+            "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 128},
+            "train": {"steps": 0, "batch_size": 4, "lr": 3e-3, "warmup_ratio": 0.1, "log_every": 5},
+            "task": {"ft_steps": 4, "max_new_tokens": "12", "max_train_examples": 8, "max_eval_examples": 4},
+        },
+        "small": {
+            "model": {"d_model": 128, "n_layers": 4, "n_heads": 4, "max_seq_len": 512},
+            "train": {"steps": 0, "batch_size": 8, "lr": 1e-3, "warmup_ratio": 0.1, "log_every": 50},
+            "task": {"ft_steps": 100, "max_new_tokens": "64", "max_train_examples": 2000,
+                     "max_eval_examples": 50},
+        },
+        "paper": {
+            # TAPE ft_scrolls.sh: from the C4 run, 1000 steps, batch 64, lr 1e-5, warmup 0.1, inputs to 8192
+            "model": {"d_model": 768, "n_layers": 12, "n_heads": 12, "d_ff": 3072, "max_seq_len": 1024},
+            "train": {"steps": 0, "batch_size": 64, "grad_accum": 16, "lr": 1e-5, "warmup_ratio": 0.1,
+                      "weight_decay": 0.01, "log_every": 50},
+            "task": {"ft_steps": 1000, "max_input_tokens": 7991},
+        },
+    }
+
+    # ---- configuration ---------------------------------------------------------------------------------
+    def validate(self) -> None:
+        o = self.opts
+        self.datasets = sd.parse_datasets(o["datasets"])
+        if o["truncation_side"] not in ("end", "start"):
+            raise ConfigError(f"task.truncation_side must be end or start, got {o['truncation_side']!r}")
+        if self.config.train.get("steps", 0) > 0:
+            # one model per data set: the run itself trains nothing; --steps sets the per-dataset steps
+            o["ft_steps"] = self.config.task_options["ft_steps"] = int(self.config.train["steps"])
+            self.config.train["steps"] = 0
+        for key in ("ft_steps", "max_input_tokens", "max_train_examples", "max_eval_examples"):
+            if o[key] < 0:
+                raise ConfigError(f"task.{key} must be >= 0, got {o[key]}")
+        self.gen_limits = self._gen_limits()
+        if self.max_input_tokens < 8:
+            raise ConfigError(f"task.max_input_tokens must be >= 8, got {self.max_input_tokens}")
+
+    def _resolve_tokenizer(self):
+        if self.config.init is None and self.opts["tokenizer"].startswith("bpe"):
+            raise ConfigError("scrolls trains no tokenizer; use --tokenizer byte, a Hugging Face tokenizer, or "
+                              "--init a pretrain run (its tokenizer is used)")
+        return super()._resolve_tokenizer()
+
+    def _gen_limits(self) -> dict[str, int]:
+        scale = BYTES_PER_TOKEN if self.tokenizer.kind == "byte" else 1
+        limits = {d: GEN_TOKENS[d] * scale for d in sd.DATASETS}
+        spec = self.opts["max_new_tokens"].strip()
+        if spec:
+            try:
+                if "=" not in spec:
+                    limits = dict.fromkeys(limits, int(spec))
+                else:
+                    for part in spec.split(","):
+                        name, _, value = part.partition("=")
+                        if name.strip() not in limits:
+                            raise DataError(f"task.max_new_tokens: unknown data set '{name.strip()}'")
+                        limits[name.strip()] = int(value)
+            except ValueError:
+                raise ConfigError(f"task.max_new_tokens must be N or dataset=N,..., got {spec!r}") from None
+        if any(v < 1 for v in limits.values()):
+            raise ConfigError("task.max_new_tokens must be positive")
+        return limits
+
+    @property
+    def max_input_tokens(self) -> int:
+        return int(self.opts["max_input_tokens"] or self.config.model.get("max_seq_len") or 0)
+
+    @property
+    def data_arg(self):
+        return self.opts["data"] or None
+
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def train_stream(self):
+        from posbench.tasks.base import EmptyStream
+
+        return EmptyStream()
+
+    def seeds(self) -> dict[str, int]:
+        return {"data": self.config.seed, "finetune": self.config.seed}
+
+    def data_info(self) -> dict[str, Any]:
+        info = {"source": sd.source_description(self.data_arg), "datasets": self.datasets,
+                "splits": {"train": "train", "eval": "validation"},
+                "max_input_tokens": self.max_input_tokens, "truncation_side": self.opts["truncation_side"],
+                "truncated_part": "document only (the question and the prompt suffix are kept)",
+                "max_new_tokens": {d: self.gen_limits[d] for d in self.datasets},
+                "tokenizer": self.tokenizer.spec()}
+        hashes = getattr(self, "_hashes", {})
+        info["dataset_hashes"] = hashes
+        info["hash"] = config_hash(hashes) if hashes else config_hash(info["source"])
+        return info
+
+    # ---- data ------------------------------------------------------------------------------------------
+    def encode_prompt(self, dataset: str, ex: sd.Example) -> tuple[list[int], bool]:
+        doc, suffix = sd.prompt_parts(dataset, ex)
+        suffix_ids = self.tokenizer.encode(suffix)
+        budget = max(0, self.max_input_tokens - len(suffix_ids))
+        keep_chars = budget * 16                       # no token spans more than 16 characters in practice
+        end = self.opts["truncation_side"] == "end"
+        char_cut = len(doc) > keep_chars
+        if char_cut:
+            doc = doc[:keep_chars] if end else doc[-keep_chars:]
+        doc_ids = self.tokenizer.encode(doc)
+        truncated = char_cut or len(doc_ids) > budget
+        if len(doc_ids) > budget:
+            doc_ids = doc_ids[:budget] if end else doc_ids[len(doc_ids) - budget:]
+        return doc_ids + suffix_ids, truncated
+
+    def _load(self, dataset: str, split: str) -> list[sd.Example]:
+        examples = sd.load_split(dataset, split, self.data_arg)
+        limit = self.opts["max_train_examples" if split == "train" else "max_eval_examples"]
+        if limit:
+            examples = examples[:limit]
+        if not examples:
+            raise DataError(f"SCROLLS {dataset}/{split} has no examples")
+        digest = hashlib.sha256(json.dumps([(e.id, e.input, e.outputs) for e in examples]).encode()).hexdigest()
+        self._hashes = {**getattr(self, "_hashes", {}), f"{dataset}/{split}": digest}
+        return examples
+
+    # ---- evaluation ------------------------------------------------------------------------------------
+    def evaluate(self, model, device, reporter: Any) -> Evaluation:
+        initial = copy.deepcopy(model.state_dict())
+        train_cfg = engine.TrainConfig(**{**self.config.train, "steps": int(self.opts["ft_steps"])})
+        metrics: dict[str, Metric] = {}
+        per_dataset: dict[str, Any] = {}
+        predictions: list[dict[str, Any]] = []
+        for i, dataset in enumerate(self.datasets):
+            train_examples, eval_examples = self._load(dataset, "train"), self._load(dataset, "validation")
+            model.load_state_dict(initial)
+            ft = self._finetune(model, device, dataset, train_examples, train_cfg, reporter, i)
+            preds, n_truncated = self._generate(model, device, dataset, eval_examples, reporter)
+            refs = [ex.outputs for ex in eval_examples]
+            official = scrolls_metric(dataset, preds, refs)
+            metrics[COLUMN[dataset]] = Metric(official["scrolls_score"], self._stderr(dataset, preds, refs),
+                                              len(preds), True)
+            per_dataset[dataset] = {"official": official, "n_train": len(train_examples),
+                                    "n_eval": len(eval_examples), "eval_prompts_truncated": n_truncated,
+                                    "max_new_tokens": self.gen_limits[dataset], "finetune": ft}
+            for ex, p in zip(eval_examples, preds):
+                predictions.append({"dataset": dataset, "id": ex.id, "prediction": p, "references": ex.outputs})
+            self._write_submission(dataset, {ex.id: p for ex, p in zip(eval_examples, preds)})
+        model.load_state_dict(initial)
+        score = scrolls_score({d: metrics[COLUMN[d]].value for d in self.datasets})
+        metrics["scrolls_score"] = Metric(score["value"], None, sum(m.n for m in metrics.values()), True)
+        columns = [COLUMN[d] for d, _ in TABLE1 if d in self.datasets] + ["scrolls_score"]
+        metrics = {c: metrics[c] for c in columns}
+        return Evaluation(metrics=metrics, primary="scrolls_score", predictions=predictions,
+                          info={"table_columns": columns, "table_layout": "TAPE paper Table 1",
+                                "scrolls_score": score, "per_dataset": per_dataset,
+                                "decoding": "greedy, KV cache, stop at EOS",
+                                "prompt_format": "lm-evaluation-harness SCROLLS prompts; answer after one space",
+                                "finetune_recipe": {**train_cfg.to_dict(), "per_dataset": True,
+                                                    "loss": "answer tokens and EOS only"}})
+
+    @staticmethod
+    def _stderr(dataset: str, preds: list[str], refs: list[list[str]]) -> float | None:
+        from posbench.metrics import exact_match, token_f1
+
+        kind = DATASET_TO_METRICS[dataset]["metric"]
+        if kind == "rouge":
+            return None                    # a geometric mean of corpus means: no closed form
+        fn = token_f1 if kind == "f1" else exact_match
+        return mean_stderr([100 * max(fn(p, r) for r in rs) for p, rs in zip(preds, refs)])
+
+    def _finetune(self, model, device, dataset: str, examples, train_cfg, reporter, index: int) -> dict[str, Any]:
+        if train_cfg.steps == 0:
+            return {"steps": 0}
+        tok = self.tokenizer
+        limit = self.gen_limits[dataset]
+        rows = []
+        for ex in examples:
+            prompt, _ = self.encode_prompt(dataset, ex)
+            for out in ex.outputs or [""]:
+                rows.append((prompt, tok.encode(" " + out)[:limit] + [tok.eos_id]))
+        seed = self.config.seed * 1000 + index
+        torch.manual_seed(seed)
+        stream = ExampleStream(seed, rows, tok.pad_id)
+        with torch.enable_grad():
+            result = engine.train(model, stream, train_cfg, device=device, reporter=reporter, seed=seed,
+                                  description=f"finetune {dataset}")
+        model.eval()
+        return {"steps": result.steps, "final_loss": result.final_loss, "train_s": round(result.train_s, 3),
+                "train_rows": len(rows), "target_tokens": result.target_tokens}
+
+    @torch.no_grad()
+    def _generate(self, model, device, dataset: str, examples, reporter) -> tuple[list[str], int]:
+        tok = self.tokenizer
+        encoded = [self.encode_prompt(dataset, ex) for ex in examples]
+        n_truncated = sum(t for _, t in encoded)
+        order = sorted(range(len(examples)), key=lambda i: len(encoded[i][0]))
+        preds: list[str] = [""] * len(examples)
+        limit, bs = self.gen_limits[dataset], self.opts["eval_batch_size"]
+        bar = reporter.task(f"generate {dataset}", total=len(examples), unit="example") if reporter else None
+        done, i = 0, 0
+        while i < len(order):                       # batches of equal-length prompts
+            length = len(encoded[order[i]][0])
+            group = [order[i]]
+            while i + len(group) < len(order) and len(group) < bs and len(encoded[order[i + len(group)]][0]) == length:
+                group.append(order[i + len(group)])
+            prompt = torch.tensor([encoded[j][0] for j in group], device=device)
+            out = model.generate(prompt, max_new_tokens=limit, eos_id=tok.eos_id).tolist()
+            for j, ids in zip(group, out):
+                ids = ids[: ids.index(tok.eos_id)] if tok.eos_id in ids else ids
+                preds[j] = tok.decode(ids).strip()
+            i += len(group)
+            done += len(group)
+            if bar:
+                bar.update(done)
+        if bar:
+            bar.close()
+        return preds, n_truncated
+
+    def _write_submission(self, dataset: str, preds: dict[str, str]) -> None:
+        run_dir = getattr(self, "run_dir", None)
+        if run_dir is not None:
+            atomic_write_json(run_dir / "scrolls" / f"{dataset}.json", preds)

@@ -1,0 +1,72 @@
+"""Shared helpers for the encoding / model / backend tests: tiny models and a forward pass run by hand."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from posbench.encodings import ENCODINGS
+from posbench.model import ModelConfig, Transformer
+
+BUILTIN = ["alibi", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
+VOCAB = 50
+
+
+def tiny(encoding: str, *, layers: int = 2, d_model: int = 32, heads: int = 4, max_seq_len: int = 16,
+         init_std: float = 0.2, seed: int = 0, perturb: bool = True, **config) -> Transformer:
+    """A tiny model. ``init_std`` 0.2 (not 0.02) makes positional effects large compared with float32 noise,
+    so that a test of "this changes the logits" cannot pass by rounding. TAPE's zero-initialised updates
+    are perturbed unless ``perturb=False`` (a zero update cannot show a caching or causality bug)."""
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig(vocab_size=VOCAB, d_model=d_model, n_layers=layers, n_heads=heads,
+                                    max_seq_len=max_seq_len, encoding=encoding, init_std=init_std, **config))
+    if perturb and encoding == "tape":
+        perturb_tape(model, seed=seed)
+    return model
+
+
+def perturb_tape(model: Transformer, std: float = 0.3, seed: int = 0) -> None:
+    """Give every TAPE parameter (gate, x_proj, up_proj, down_proj) a non-zero value of order ``std``."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.encoding.layers.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * std)
+
+
+def tokens(batch: int, n: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+def seeded(fn, *args, seed: int = 0, **kwargs):
+    """Call ``fn`` with torch's and Python's RNG reset, so random positions (RandPE, TAPE offset) repeat."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    return fn(*args, **kwargs)
+
+
+def run_layers(model: Transformer, toks: torch.Tensor, positions: torch.Tensor | None = None):
+    """The model's forward pass step by step: returns (logits, [state after each layer])."""
+    b, n = toks.shape
+    if positions is None:
+        positions = torch.arange(n)
+    positions = positions.expand(b, n) if positions.dim() == 1 else positions
+    pe = model.encoding
+    state = pe.init_state(positions)
+    x = pe.embed(model.embed(toks), state)
+    states = []
+    for block in model.blocks:
+        x, state = block(x, state, positions, pe)
+        states.append(state)
+    return model.lm_head(model.norm(x)), states
+
+
+def registered_builtins() -> list[str]:
+    return [name for name in ENCODINGS if name in BUILTIN]
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, rel: float = 1e-5, msg: str | None = None) -> None:
+    """Float32 comparison scaled to the data: |a - e| <= rel * |e| + rel * max(1, max|e|). Rounding error in
+    a sum grows with the largest term, so entries near zero get the tolerance of the largest entry."""
+    scale = max(1.0, expected.abs().max().item())
+    torch.testing.assert_close(actual, expected, rtol=rel, atol=rel * scale, msg=msg)

@@ -1,0 +1,166 @@
+"""The arithmetic task: data format against hand-worked examples, bucket balance, loss mask, scorer."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from posbench.config import ConfigError, resolve_run_config
+from posbench.data.char import EOS, PAD, CharTokenizer
+from posbench.engine import IGNORE_INDEX
+from posbench.progress import NullReporter
+from posbench.tasks import TASKS
+from posbench.tasks.arithmetic import (AdditionStream, bucket_pairs, cell_stderr, encode_examples, exact_match,
+                                       format_example, random_operand, sequence_length, summarise)
+
+TOK = CharTokenizer()
+
+
+def test_tokenizer_ids_match_mcleish():
+    assert [TOK.to_id[c] for c in "0123456789"] == list(range(4, 14))
+    assert (TOK.to_id["+"], TOK.to_id["-"], TOK.to_id["x"], TOK.to_id["="]) == (14, 15, 16, 17)
+    assert TOK.to_id[" "] == PAD == 0 and EOS == 3 and TOK.vocab_size == 18
+    assert TOK.decode([6, 5, 14, 13, 17, 5, 6, EOS, PAD]) == "21+9=12"
+
+
+@pytest.mark.parametrize("a,b,prompt,answer", [
+    (12, 9, "21+9=", "12"),             # 12 + 9 = 21, every number least-significant digit first
+    (95, 7, "59+7=", "201"),            # 95 + 7 = 102: the carry makes the answer one digit longer
+    (0, 0, "0+0=", "0"),
+    (1000, 1, "0001+1=", "1001"),       # 1001 reads the same both ways
+    (123, 4567, "321+7654=", "0964"),   # 4690 -> "0964": a trailing zero of the reversal is kept
+])
+def test_format_reverses_operands_and_sum(a, b, prompt, answer):
+    assert format_example(a, b) == (prompt, answer)
+
+
+def test_encoding_masks_everything_up_to_equals():
+    batch = encode_examples([(12, 9)], length=10)
+    # "21+9=12" + EOS -> ids 6 5 14 13 17 5 6 3; inputs drop the last id, targets drop the first
+    assert batch.tokens.tolist() == [[6, 5, 14, 13, 17, 5, 6, PAD, PAD]]
+    i = IGNORE_INDEX
+    # loss on the predictions made at '=' and after: answer digits '1' '2' and EOS
+    assert batch.targets.tolist() == [[i, i, i, i, 5, 6, EOS, i, i]]
+    assert batch.n_targets == 3
+
+
+def test_operands_have_exact_length_and_no_leading_zero():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for digits in range(1, 25):
+        for _ in range(20):
+            x = random_operand(rng, digits)
+            assert len(str(x)) == digits
+
+
+def test_bucket_sampling_is_balanced_and_deterministic():
+    stream = AdditionStream(seed=3, train_digits=3)
+    pairs = bucket_pairs(3)
+    assert len(pairs) == 9 and (1, 3) in pairs and (3, 1) in pairs
+    seen = Counter()
+    for _ in range(4):
+        batch = stream.next_batch(18)
+        assert batch.tokens.shape == (18, sequence_length(3) - 1)
+        for row in batch.tokens.tolist():
+            text = TOK.decode(row)
+            a, rest = text.split("+")
+            b, c = rest.split("=")
+            seen[(len(a), len(b))] += 1
+            assert int(a[::-1]) + int(b[::-1]) == int(c[::-1])
+    assert set(seen) == set(pairs) and set(seen.values()) == {8}   # 72 examples / 9 pairs
+    # batch k depends only on (seed, k): a resumed stream yields the same batches
+    resumed = AdditionStream(seed=3, train_digits=3)
+    resumed.load_state_dict({"seed": 3, "index": 2})
+    again = AdditionStream(seed=3, train_digits=3)
+    again.next_batch(18), again.next_batch(18)
+    assert torch.equal(resumed.next_batch(18).tokens, again.next_batch(18).tokens)
+    assert not torch.equal(AdditionStream(4, 3).next_batch(18).tokens, AdditionStream(3, 3).next_batch(18).tokens)
+
+
+def test_exact_match_scorer_on_known_predictions():
+    target = TOK.encode("201", eos=True)                      # 95 + 7
+    assert exact_match(TOK.encode("201", eos=True), target)
+    assert exact_match(TOK.encode("201", eos=True) + [EOS, EOS], target)     # padding after EOS
+    assert exact_match(TOK.encode("201", eos=True) + TOK.encode("77"), target)  # junk after EOS is ignored
+    assert not exact_match(TOK.encode("2015"), target)        # never stopped
+    assert not exact_match(TOK.encode("20", eos=True), target)  # stopped early
+    assert not exact_match(TOK.encode("2011", eos=True), target)  # one digit too many
+    assert not exact_match(TOK.encode("211", eos=True), target)   # one digit wrong
+    assert not exact_match([EOS], target)
+
+
+def test_summary_averages_and_stderr():
+    # train_digits 1, grid 2x2: cell (1,1) in distribution, the other three out of distribution
+    counts = {(1, 1): (10, 10), (1, 2): (5, 10), (2, 1): (0, 10), (2, 2): (10, 10)}
+    m = summarise(counts, train_digits=1)
+    assert m["accuracy_id"].value == 100.0 and m["accuracy_id"].n == 10
+    assert m["accuracy_ood"].value == pytest.approx(100 * 1.5 / 3)
+    assert m["accuracy"].value == pytest.approx(100 * 2.5 / 4)
+    assert m["accuracy_id"].stderr == 0.0
+    half = cell_stderr(0.5, 10)
+    assert half == pytest.approx((0.25 / 9) ** 0.5)
+    assert m["accuracy"].stderr == pytest.approx(100 * half / 4)
+    assert all(x.higher_is_better for x in m.values())
+
+
+class OracleModel:
+    """Answers every prompt correctly when both operands have at most ``limit`` digits, else garbage."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+
+    def generate(self, prompt, max_new_tokens, eos_id=None):
+        rows = []
+        for ids in prompt.tolist():
+            a, b = TOK.decode(ids).rstrip("=").split("+")
+            if len(a) <= self.limit and len(b) <= self.limit:
+                answer = TOK.encode(str(int(a[::-1]) + int(b[::-1]))[::-1], eos=True)
+            else:
+                answer = TOK.encode("9" * 3, eos=True)
+            answer = (answer + [EOS] * max_new_tokens)[:max_new_tokens]
+            rows.append(answer)
+        return torch.tensor(rows)
+
+
+def test_evaluate_grid_with_an_oracle():
+    cfg = resolve_run_config("arithmetic", "rope", "tiny", sets=["task.train_digits=2", "task.eval_digits=4",
+                                                                  "task.eval_samples=5"])
+    task = TASKS["arithmetic"](cfg)
+    ev = task.evaluate(OracleModel(limit=2), torch.device("cpu"), NullReporter())
+    assert ev.primary == "accuracy"
+    assert ev.metrics["accuracy_id"].value == 100.0
+    assert ev.metrics["accuracy_ood"].value < 5.0       # "999" is right only by accident
+    grid = ev.grids["accuracy"]
+    assert [a.name for a in grid.axes] == ["len_a", "len_b"] and grid.axes[0].values == [1, 2, 3, 4]
+    assert grid.values[0][1] == 100.0 and grid.n[3][3] == 5
+    assert grid.meta["train_max"] == {"len_a": 2, "len_b": 2}
+    preds = list(ev.predictions)
+    assert len(preds) == 16 * 5
+    assert {"len_a", "len_b", "a", "b", "prompt", "target", "prediction", "correct"} <= set(preds[0])
+    # the same examples for every encoding and every call (seeded by eval_seed and the cell)
+    again = list(task.evaluate(OracleModel(limit=2), torch.device("cpu"), NullReporter()).predictions)
+    assert [p["prompt"] for p in again] == [p["prompt"] for p in preds]
+
+
+def test_evaluate_real_model_uses_kv_cache_generation():
+    from posbench.model import Transformer
+
+    cfg = resolve_run_config("arithmetic", "tape", "tiny")
+    task = TASKS["arithmetic"](cfg)
+    model = Transformer(task.model_config()).eval()
+    with torch.no_grad():
+        ev = task.evaluate(model, torch.device("cpu"), NullReporter())
+    assert 0.0 <= ev.metrics["accuracy"].value <= 100.0
+    assert model.config.max_seq_len == sequence_length(2)
+
+
+def test_presets_and_validation():
+    cls = TASKS["arithmetic"]
+    assert set(cls.presets) == {"tiny", "small", "paper"} and cls.default_preset == "small"
+    paper = resolve_run_config("arithmetic", "rope", "paper")
+    assert (paper.model["n_layers"], paper.model["d_model"], paper.model["n_heads"]) == (16, 1024, 16)
+    assert (paper.train["batch_size"], paper.train["steps"], paper.train["lr"]) == (512, 20000, 1e-4)
+    assert paper.task_options["train_digits"] == 20 and paper.task_options["eval_digits"] == 40
+    with pytest.raises(ConfigError, match="train_digits"):
+        cls(resolve_run_config("arithmetic", "rope", "tiny", sets=["train_digits=0"])).validate()

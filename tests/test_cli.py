@@ -1,0 +1,157 @@
+"""The command line: help, ls, one-line errors with exit code 2, and an end-to-end tiny run + compare."""
+
+import json
+
+import pytest
+
+from posbench.cli import main
+
+
+def run_cli(capsys, *args):
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["ls", "--help"], ["compare", "--help"]])
+def test_help_at_every_level_has_examples(capsys, args):
+    code, out, _ = run_cli(capsys, *args)
+    assert code == 0 and "Examples" in out and "posbench" in out
+
+
+def test_ls_lists_encodings_tasks_presets(capsys):
+    code, out, _ = run_cli(capsys, "ls")
+    assert code == 0
+    for word in ("encodings", "tasks", "presets", "rope", "tape", "arithmetic", "built-in", "tiny", "paper"):
+        assert word in out
+    code, out, _ = run_cli(capsys, "ls", "tasks")
+    assert code == 0 and "arithmetic" in out and "rope" not in out
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["run", "-e", "ropee", "-t", "arithmetic"], "unknown encoding 'ropee'. Did you mean 'rope'?"),
+    (["run", "-e", "rope,nosuch", "-t", "arithmetic"], "unknown encoding 'nosuch'"),
+    (["run", "-e", "rope", "-t", "arithmetc"], "unknown task 'arithmetc'. Did you mean 'arithmetic'?"),
+    (["run", "-e", "rope"], "--task is required"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--preset", "huge"], "has no preset 'huge'"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--set", "lrr=1"], "Did you mean 'train.lr'?"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--set", "model.width=1"], "unknown key 'width'"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--set", "lr=fast"], "train.lr='fast': expected a number"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--set", "steps=1.5"], "expected an integer"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--set", "compile=maybe"], "expected true or false"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--set", "lr"], "--set expects key=value"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--set", "encoding.nope=1"], "unknown key 'nope'"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--set", "batch_size=0"], "batch_size"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--set", "n_heads=3"], "heads"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--data", "x.txt"], "takes no --data"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--steps", "many"], "Invalid value for '--steps'"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--bogus"], "No such option: --bogus"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--device", "tpu"], "unknown device 'tpu'"),
+    (["run", "--resume", "/nonexistent/run"], "does not exist"),
+    (["run", "--init", "/nonexistent/run", "-t", "arithmetic"], "no such run directory"),
+    (["compare", "/nonexistent/results"], "does not exist"),
+    (["compare", "."], None),                       # filled in below: a tree with no runs
+    (["compare", "/tmp", "--format", "xml"], "unknown format 'xml'"),
+    (["ls", "models"], "unknown listing 'models'"),
+    (["frobnicate"], "No such command 'frobnicate'"),
+])
+def test_bad_input_gives_one_line_and_exit_code_2(capsys, tmp_path, args, expected):
+    if args == ["compare", "."]:
+        args, expected = ["compare", str(tmp_path)], "no finished runs"
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
+    assert "Traceback" not in err + out
+
+
+def test_resume_refuses_other_flags_and_finished_runs(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "run", "--resume", str(tmp_path), "--steps", "3")
+    assert code == 2 and "--resume continues a run" in err
+    done = tmp_path / "arithmetic" / "rope" / "x"
+    done.mkdir(parents=True)
+    (done / "config.json").write_text("{}")
+    (done / "result.json").write_text("{}")
+    code, _, err = run_cli(capsys, "run", "--resume", str(done))
+    assert code == 2 and "already finished" in err
+
+
+def test_non_finite_loss_is_one_line_and_exit_code_1(capsys, tmp_path, monkeypatch):
+    import torch
+
+    from posbench import engine
+
+    def nan_loss(model, batch):
+        logits = model(batch.tokens)
+        return logits.sum() * float("nan"), batch.n_targets
+
+    monkeypatch.setattr(engine, "masked_cross_entropy", nan_loss)
+    code, _, err = run_cli(capsys, "run", "-e", "rope", "-t", "arithmetic", "-p", "tiny", "-q", "--out",
+                           str(tmp_path))
+    assert code == 1 and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert "non-finite loss" in line and "step 1" in line
+    assert torch.isfinite(torch.tensor(1.0))
+
+
+def test_end_to_end_two_encodings_then_compare(capsys, tmp_path):
+    out_dir = tmp_path / "results"
+    code, out, err = run_cli(capsys, "run", "--encoding", "rope,tape", "--task", "arithmetic", "--preset", "tiny",
+                             "--seed", "1", "--out", str(out_dir), "--set", "task.eval_samples=4")
+    assert code == 0, err
+    assert "arithmetic / rope" in out and "arithmetic / tape" in out and "posbench compare" in out
+    runs = sorted(out_dir.glob("arithmetic/*/*/result.json"))
+    assert [p.parent.parent.name for p in runs] == ["rope", "tape"]
+    first = json.loads(runs[0].read_text())
+    second = json.loads(runs[1].read_text())
+    # everything but the encoding is equal
+    for key in ("model", "train", "task_options", "seed", "preset"):
+        assert first["config"][key] == second["config"][key]
+    assert first["data"]["hash"] == second["data"]["hash"]
+    assert first["config"]["task_options"]["eval_samples"] == 4
+    for path in runs:
+        run = path.parent
+        assert (run / "checkpoint" / "model.safetensors").is_file()
+        assert (run / "checkpoint" / "train_state.pt").is_file()
+        assert len((run / "predictions.jsonl").read_text().splitlines()) == 9 * 4
+    code, out, err = run_cli(capsys, "compare", str(out_dir), "--plots", str(tmp_path / "figs"))
+    assert code == 0, err
+    assert "rope" in out and "tape" in out and "accuracy" in out
+    assert (tmp_path / "figs" / "arithmetic_accuracy.png").is_file()
+    code, out, _ = run_cli(capsys, "compare", str(out_dir), "--format", "json", "--task", "arithmetic")
+    assert code == 0 and {r["encoding"] for r in json.loads(out)["tables"][0]["rows"]} == {"rope", "tape"}
+
+
+def test_resume_flag_finishes_a_killed_run(capsys, tmp_path):
+    from posbench import runner
+    from posbench.config import resolve_run_config
+    from posbench.engine import StopTraining
+
+    cfg = resolve_run_config("arithmetic", "rope", "tiny", sets=["steps=6", "checkpoint_every=2"])
+
+    def kill(step, model, loss):
+        if step == 3:
+            raise StopTraining
+
+    with pytest.raises(StopTraining):
+        runner.execute(cfg, tmp_path, callbacks=(kill,))
+    run_dir = next((tmp_path / "arithmetic" / "rope").iterdir())
+    code, out, err = run_cli(capsys, "run", "--resume", str(run_dir), "-q")
+    assert code == 0, err
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["training"]["steps"] == 6 and result["training"]["resumed_from"] == [2]
+
+
+def test_init_from_another_run(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "run", "-e", "nope", "-t", "arithmetic", "-p", "tiny", "-q", "--out",
+                           str(tmp_path), "--set", "steps=2")
+    assert code == 0, err
+    base = next((tmp_path / "arithmetic" / "nope").iterdir())
+    code, _, err = run_cli(capsys, "run", "-e", "rope", "-t", "arithmetic", "-p", "tiny", "--init", str(base))
+    assert code == 2 and "uses encoding 'nope'" in err
+    code, out, err = run_cli(capsys, "run", "-t", "arithmetic", "-p", "tiny", "-q", "--init", str(base),
+                             "--out", str(tmp_path / "b"), "--set", "steps=2")
+    assert code == 0, err
+    result = json.loads(next((tmp_path / "b").glob("arithmetic/nope/*/result.json")).read_text())
+    assert result["init"]["run"] == str(base) and result["init"]["checkpoint_sha256"]

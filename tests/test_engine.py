@@ -1,0 +1,201 @@
+"""The engine: schedule, accumulation, checkpoints, exact resume after a kill, non-finite loss, devices."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from posbench import engine, runner
+from posbench.config import resolve_run_config
+from posbench.engine import (Batch, CheckpointError, DeviceError, NonFiniteLossError, StopTraining, TrainConfig,
+                             checkpoint_path, load_weights, pick_device, seed_everything)
+from posbench.model import Transformer
+from posbench.tasks import TASKS
+
+
+def tiny(encoding="tape", *sets):
+    cfg = resolve_run_config("arithmetic", encoding, "tiny", sets=list(sets))
+    task = TASKS["arithmetic"](cfg)
+    return cfg, task
+
+
+def build(task, seed=0):
+    seed_everything(seed)
+    return Transformer(task.model_config())
+
+
+def weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_warmup_then_linear_decay():
+    f = engine.lr_lambda(TrainConfig(steps=10, warmup_steps=2, min_lr_ratio=0.0))
+    assert [round(f(s), 4) for s in range(10)] == [0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125]
+    g = engine.lr_lambda(TrainConfig(steps=100, warmup_ratio=0.1, min_lr_ratio=0.1))
+    assert g(9) == 1.0 and g(10) == 1.0 and g(100) == pytest.approx(0.1)
+
+
+def test_train_config_checks():
+    with pytest.raises(ValueError, match="multiple"):
+        TrainConfig(batch_size=10, grad_accum=3)
+    with pytest.raises(ValueError, match="precision"):
+        TrainConfig(precision="fp8")
+
+
+class FixedStream:
+    """The same 8 sequences every step; ``next_batch(b)`` hands them out b at a time."""
+
+    def __init__(self):
+        g = torch.Generator().manual_seed(0)
+        self.tokens = torch.randint(0, 18, (8, 12), generator=g)
+        self.targets = torch.randint(0, 18, (8, 12), generator=g)
+        self.targets[:, :5] = engine.IGNORE_INDEX
+        self.targets[:3, 9:] = engine.IGNORE_INDEX      # unequal token counts per sequence
+        self.pos = 0
+
+    def next_batch(self, b):
+        rows = slice(self.pos, self.pos + b)
+        self.pos = (self.pos + b) % 8
+        return Batch(self.tokens[rows], self.targets[rows])
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, s):
+        self.pos = s["pos"]
+
+
+def test_gradient_accumulation_matches_one_big_batch():
+    _, task = tiny("rope")
+    results = []
+    for accum in (1, 2, 4):
+        model = build(task)
+        cfg = TrainConfig(steps=3, batch_size=8, grad_accum=accum, lr=1e-3, warmup_steps=0)
+        engine.train(model, FixedStream(), cfg)
+        results.append(weights(model))
+    for other in results[1:]:
+        for k in results[0]:
+            torch.testing.assert_close(other[k], results[0][k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("encoding", ["tape", "randpe"])
+def test_resume_after_kill_gives_bitwise_equal_weights(tmp_path, encoding):
+    # tape draws a random position offset (Python's RNG) and randpe random positions (torch's RNG) each
+    # step, so this also checks that RNG states are saved and restored; grad_accum 2 exercises the stream
+    cfg, task = tiny(encoding, "steps=9", "checkpoint_every=3", "grad_accum=2", "batch_size=8")
+    train_cfg = TrainConfig(**cfg.train)
+
+    full = build(task)
+    engine.train(full, task.train_stream(), train_cfg, checkpoint_dir=tmp_path / "full")
+
+    def kill_at_5(step, model, loss):
+        if step == 5:
+            raise StopTraining
+
+    killed = build(task)
+    with pytest.raises(StopTraining):
+        engine.train(killed, task.train_stream(), train_cfg, checkpoint_dir=tmp_path / "run", callbacks=[kill_at_5])
+    state = torch.load(tmp_path / "run" / "train_state.pt", weights_only=False)
+    assert state["step"] == 3                                   # the last checkpoint before the kill
+    engine.seed_everything(123)                                 # a new process: different RNG, fresh model
+    resumed = build(task, seed=99)
+    result = engine.train(resumed, task.train_stream(), train_cfg, checkpoint_dir=tmp_path / "run", resume=True)
+    assert result.steps == 9 and result.resumed_from == [3]
+    a, b = weights(full), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["model.safetensors", "model_config.json",
+                                                                   "train_state.pt"]
+    assert not (tmp_path / "run.tmp").exists() and not (tmp_path / "run.old").exists()
+
+
+def test_resume_of_a_killed_cli_run_in_place(tmp_path):
+    """The runner-level path ``posbench run --resume DIR`` uses: config.json + checkpoint -> same weights."""
+    cfg, _ = tiny("rope", "steps=8", "checkpoint_every=4")
+    full = runner.execute(cfg, tmp_path / "a", reporter=None)
+
+    def kill(step, model, loss):
+        if step == 6:
+            raise StopTraining
+
+    with pytest.raises(StopTraining):
+        runner.execute(cfg, tmp_path / "b", callbacks=(kill,))
+    run_dir = next((tmp_path / "b" / "arithmetic" / "rope").iterdir())
+    assert not (run_dir / "result.json").exists() and (run_dir / "config.json").exists()
+    done = runner.resume(run_dir)
+    assert done.run_dir == run_dir and done.result["training"]["resumed_from"] == [4]
+    from safetensors.torch import load_file
+
+    wa = load_file(str(full.run_dir / "checkpoint" / "model.safetensors"))
+    wb = load_file(str(run_dir / "checkpoint" / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert done.result["metrics"] == full.result["metrics"]
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    cfg, task = tiny("rope", "steps=10", "checkpoint_every=3")
+    model = build(task)
+
+    def poison(step, model, loss):
+        if step == 4:
+            with torch.no_grad():
+                model.lm_head.weight.fill_(float("nan"))
+
+    with pytest.raises(NonFiniteLossError) as err:
+        engine.train(model, task.train_stream(), TrainConfig(**cfg.train), checkpoint_dir=tmp_path / "ck",
+                     callbacks=[poison])
+    message = str(err.value)
+    assert "\n" not in message and "step 5" in message and "last good checkpoint: step 3" in message
+    state = torch.load(tmp_path / "ck" / "train_state.pt", weights_only=False)
+    assert state["step"] == 3
+    fresh = build(task)
+    load_weights(fresh, tmp_path / "ck")
+    assert all(torch.isfinite(p).all() for p in fresh.parameters())
+
+
+def test_non_finite_loss_without_checkpoint(tmp_path):
+    cfg, task = tiny("rope", "steps=3")
+    model = build(task)
+    with torch.no_grad():
+        model.embed.weight[5] = float("inf")
+    with pytest.raises(NonFiniteLossError, match="step 1; .*no checkpoint"):
+        engine.train(model, task.train_stream(), TrainConfig(**cfg.train))
+
+
+def test_checkpoint_swap_survives_a_kill_mid_swap(tmp_path):
+    _, task = tiny("rope")
+    model = build(task)
+    ck = tmp_path / "checkpoint"
+    engine.save_checkpoint(ck, model, {"step": 1})
+    ck.rename(tmp_path / "checkpoint.old")                  # killed between the two renames
+    assert checkpoint_path(ck) == tmp_path / "checkpoint.old"
+    with pytest.raises(CheckpointError):
+        engine.load_train_state(tmp_path / "nothing")
+    config = json.loads((tmp_path / "checkpoint.old" / "model_config.json").read_text())
+    assert config["encoding"] == "rope"
+
+
+def test_device_selection():
+    assert pick_device("cpu").type == "cpu"
+    assert pick_device("auto").type in {"cpu", "cuda", "mps"}
+    with pytest.raises(DeviceError):
+        pick_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceError, match="CUDA is not available"):
+            pick_device("cuda")
+
+
+def test_seeds_are_recorded_and_reproducible():
+    s = seed_everything(7)
+    a = torch.rand(3)
+    seed_everything(7)
+    assert torch.equal(a, torch.rand(3)) and s["torch"] == 7
+
+
+def test_train_result_bookkeeping():
+    cfg, task = tiny("nope", "steps=4")
+    model = build(task)
+    result = engine.train(model, task.train_stream(), TrainConfig(**cfg.train))
+    assert result.steps == 4 and result.tokens == 4 * 32 * 9 and result.target_tokens > 0
+    assert math.isfinite(result.final_loss) and result.loss_history[-1][0] == 4
+    assert result.tokens_per_s > 0 and not model.training

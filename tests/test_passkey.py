@@ -1,0 +1,66 @@
+"""Passkey prompts: LongLoRA's template character for character, and exact-length token grids."""
+
+import numpy as np
+import pytest
+
+from posbench.data.tokenizer import ByteTokenizer
+from posbench.evaluation import passkey as pk
+
+UNIT = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+HEAD = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+        "I will quiz you about the important information there.")
+
+
+def test_longlora_prompt_character_for_character():
+    for n_garbage, seed in [(3072, 0), (1024, 7), (200, 19), (7168, 3)]:
+        prompt, key = pk.longlora_prompt(n_garbage, seed)
+        rs = np.random.RandomState(seed)                 # LongLoRA: numpy.random.seed(i), then two randints
+        n_prefix = rs.randint(0, n_garbage)
+        pass_key = rs.randint(1, 50000)
+        garbage = " ".join([UNIT] * 5000)
+        expected = "\n".join([HEAD, garbage[:n_prefix],
+                              f"The pass key is {pass_key}. Remember it. {pass_key} is the pass key.",
+                              garbage[:n_garbage - n_prefix], "What is the pass key? The pass key is"])
+        assert prompt == expected and key == str(pass_key)
+        assert 1 <= int(key) < 50000
+        # the prompt's garbage is exactly n_garbage characters
+        assert len(prompt) == len(expected) == len(HEAD) + n_garbage + len(pk.information_line(key)) + 37 + 4
+
+
+def test_longlora_prompt_matches_numpy_global_state_semantics():
+    np.random.seed(5)
+    a = np.random.randint(0, 3072), np.random.randint(1, 50000)
+    prompt, key = pk.longlora_prompt(3072, 5)
+    assert key == str(a[1]) and f"{HEAD}\n{' '.join([UNIT] * 5000)[:a[0]]}\nThe pass key" in prompt
+
+
+def test_longlora_length_points():
+    # n_garbage = int(3.75 * (i + 1) * interval // 1024 * 1024): 3750 // 1024 = 3 -> 3072, 7500 -> 7168, ...
+    assert pk.longlora_points(32000, 1000)[:4] == [3072, 7168, 10240, 14336]
+    assert len(pk.longlora_points(32000, 1000)) == 32
+    assert pk.longlora_points(8192, 1000) == [3072, 7168, 10240, 14336, 18432, 21504, 25600, 29696]
+    assert pk.longlora_n_garbage(0, 300) == 1024 and pk.longlora_n_garbage(0, 100) == 0
+
+
+def test_grid_prompts_have_exact_length_and_depth():
+    tok = ByteTokenizer()
+    builder = pk.GridBuilder(tok)
+    for length in (300, 517, 1024):
+        for depth in (0.0, 0.25, 0.5, 1.0):
+            p = builder.build(length, depth, 12345)
+            assert len(p.prompt_ids) == length
+            text = tok.decode(p.prompt_ids)
+            assert text.startswith(HEAD + "\n") and text.endswith("\nWhat is the pass key? The pass key is")
+            assert tok.decode(p.answer_ids) == " 12345"
+            assert text.index("The pass key is 12345.") == p.key_position + 1   # after the "\n"
+            assert abs(p.actual_depth - depth) < 0.01
+    p0 = builder.build(400, 0.0, 7)
+    assert tok.decode(p0.prompt_ids).startswith(HEAD + "\n\nThe pass key is 7. Remember it.")
+    with pytest.raises(ValueError, match="at least"):
+        builder.build(100, 0.5, 1)
+
+
+def test_trial_seeds_and_keys_are_fixed():
+    s = pk.trial_seed(0, 512, 2, 3)
+    assert s == pk.trial_seed(0, 512, 2, 3) and s != pk.trial_seed(0, 512, 2, 4)
+    assert pk.grid_key(s) == pk.grid_key(s) and 1 <= pk.grid_key(s) < 50000

@@ -1,0 +1,195 @@
+"""The encoding registry: subclass registration, duplicates, did-you-mean errors, entry points, options."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posbench.registry
+from posbench.encodings import ENCODINGS, EncodingOptionError, PositionalEncoding
+from posbench.model import ModelConfig, Transformer
+from posbench.registry import Registry, UnknownNameError
+
+from encoding_helpers import BUILTIN
+
+
+def small_config(encoding: str, **options) -> ModelConfig:
+    return ModelConfig(vocab_size=20, d_model=32, n_layers=2, n_heads=4, max_seq_len=16, encoding=encoding,
+                       encoding_options=options)
+
+
+def test_builtins_are_registered():
+    assert sorted(ENCODINGS) == BUILTIN
+    for name in BUILTIN:
+        assert ENCODINGS[name].name == name
+        assert ENCODINGS.origin(name) == "built-in"
+
+
+def test_subclass_registers_itself():
+    class Dummy(PositionalEncoding):
+        name = "test-dummy"
+
+    try:
+        assert ENCODINGS["test-dummy"] is Dummy
+        assert "test-dummy" in ENCODINGS
+        assert ENCODINGS.origin("test-dummy") == f"user ({__name__})"
+        model = Transformer(small_config("test-dummy"))
+        assert isinstance(model.encoding, Dummy)
+    finally:
+        ENCODINGS.remove("test-dummy")
+    assert "test-dummy" not in ENCODINGS
+
+
+def test_subclass_without_name_is_not_registered():
+    before = set(ENCODINGS)
+
+    class Abstract(PositionalEncoding):  # no name: an intermediate base class
+        pass
+
+    assert set(ENCODINGS) == before
+
+
+def test_duplicate_name_is_refused():
+    with pytest.raises(ValueError, match="'rope' is already registered by posbench.encodings.rope.RoPE"):
+        class Impostor(PositionalEncoding):
+            name = "rope"
+    assert ENCODINGS["rope"].__module__ == "posbench.encodings.rope"
+
+
+def test_registry_add_same_class_twice_is_fine_and_bad_names_refused():
+    reg: Registry = Registry("widget")
+    reg.add("a", int)
+    reg.add("a", int)
+    with pytest.raises(ValueError, match="already registered"):
+        reg.add("a", float)
+    with pytest.raises(ValueError, match="non-empty string"):
+        reg.add("", int)
+
+
+@pytest.mark.parametrize("typo, suggestion", [("ropee", "rope"), ("alibj", "alibi"), ("tap", "tape"),
+                                              ("xpso", "xpos")])
+def test_unknown_name_suggests_closest_and_lists_valid(typo, suggestion):
+    with pytest.raises(UnknownNameError) as info:
+        ENCODINGS.get(typo)
+    message = str(info.value)
+    assert f"Did you mean '{suggestion}'?" in message
+    assert "Valid: " + ", ".join(BUILTIN) in message
+    assert "\n" not in message
+    assert isinstance(info.value, KeyError)  # a Mapping's missing key
+
+
+def test_unknown_name_far_from_everything_has_no_suggestion():
+    with pytest.raises(UnknownNameError) as info:
+        ENCODINGS["completely-different"]
+    assert "Did you mean" not in str(info.value)
+    assert "unknown encoding 'completely-different'" in str(info.value)
+
+
+def test_model_with_unknown_encoding_raises_the_registry_error():
+    with pytest.raises(UnknownNameError, match="Did you mean 'fire'"):
+        Transformer(small_config("fier"))
+
+
+class FakeDist:
+    name = "posbench-plugin-demo"
+
+
+class FakeEntryPoint:
+    """Stands in for an ``importlib.metadata.EntryPoint``: ``load()`` imports the plugin's module, whose
+    class definition registers itself, and returns the class."""
+
+    def __init__(self, name: str, loader):
+        self.name, self.value, self.dist, self._loader = name, f"demo_plugin:{name}", FakeDist(), loader
+        self.loads = 0
+
+    def load(self):
+        self.loads += 1
+        return self._loader()
+
+
+def _define_plugin_class():
+    class Sinusoidal(PositionalEncoding):
+        name = "plugin-sincos"
+        defaults = {"base": 10000.0}
+
+        def init_state(self, positions):
+            return positions
+
+        def embed(self, x, positions):
+            half = self.d_model // 2
+            freq = self.options["base"] ** (-torch.arange(half, dtype=torch.float32) / half)
+            angle = positions[..., None].float() * freq
+            return x + torch.cat((angle.sin(), angle.cos()), dim=-1)
+
+    return Sinusoidal
+
+
+def test_entry_point_plugins_are_loaded_on_first_read(monkeypatch):
+    calls = []
+    point = FakeEntryPoint("plugin-sincos", _define_plugin_class)
+
+    def fake_entry_points(*, group):
+        calls.append(group)
+        return [point] if group == "posbench.encodings" else []
+
+    monkeypatch.setattr(posbench.registry, "entry_points", fake_entry_points)
+    monkeypatch.setattr(ENCODINGS, "_plugins_loaded", False)
+    try:
+        assert "plugin-sincos" in ENCODINGS
+        assert calls == ["posbench.encodings"]
+        assert ENCODINGS.origin("plugin-sincos") == "plugin (posbench-plugin-demo)"
+        list(ENCODINGS)
+        assert point.loads == 1 and len(calls) == 1  # loaded once, not on every read
+        model = Transformer(small_config("plugin-sincos", base=500))
+        assert model.config.encoding_options == {"base": 500.0}
+        logits = model(torch.randint(0, 20, (1, 8)))
+        assert torch.isfinite(logits).all()
+    finally:
+        ENCODINGS.remove("plugin-sincos")
+
+
+def test_entry_point_whose_class_does_not_self_register():
+    """A plugin may point at a class whose module did not register it (e.g. a name set afterwards)."""
+    reg: Registry = Registry("encoding", entry_point_group="posbench.encodings")
+
+    class Loose:
+        name = "loose"
+
+    original = posbench.registry.entry_points
+    posbench.registry.entry_points = lambda *, group: [FakeEntryPoint("loose-ep", lambda: Loose)]
+    try:
+        assert reg["loose"] is Loose
+        assert reg.origin("loose") == "plugin (posbench-plugin-demo)"
+    finally:
+        posbench.registry.entry_points = original
+
+
+def test_resolved_options_are_recorded_in_the_config():
+    model = Transformer(small_config("rope", theta=500))
+    assert model.config.encoding_options == {"theta": 500.0, "scale": 1.0, "random_offset": False}
+    assert isinstance(model.config.encoding_options["theta"], float)
+    tape = Transformer(small_config("tape"))
+    assert tape.config.encoding_options["position_size"] == 4 * 4  # I defaults to 4 x heads
+    assert tape.config.encoding_options["gate"] == "rowsum"
+    assert tape.config.to_dict()["encoding_options"] == tape.encoding.options
+    t5 = Transformer(small_config("t5", num_buckets="32"))  # strings from a command line are coerced
+    assert t5.config.encoding_options == {"num_buckets": 32, "max_distance": 128}
+    randpe = Transformer(small_config("randpe", per_layer="true"))
+    assert randpe.config.encoding_options["per_layer"] is True
+
+
+@pytest.mark.parametrize("encoding, options, message", [
+    ("rope", {"thetta": 1.0}, "encoding 'rope' has no option thetta; valid options: random_offset, scale, theta"),
+    ("alibi", {"slope": 1.0}, "encoding 'alibi' has no option slope; valid options: none"),
+    ("rope", {"theta": "ten"}, "option theta='ten' must be of type float"),
+    ("rope", {"theta": True}, "option theta=True must be of type float"),
+    ("t5", {"num_buckets": 2.5}, "option num_buckets=2.5 must be of type int"),
+    ("randpe", {"per_layer": "maybe"}, "option per_layer='maybe' must be of type bool"),
+    ("tape", {"gate": 3}, "option gate=3 must be of type str"),
+    ("tape", {"gate": "mixing"}, "gate must be 'rowsum' or 'scalar'"),
+])
+def test_bad_options_are_refused_in_one_line(encoding, options, message):
+    with pytest.raises(EncodingOptionError) as info:
+        Transformer(small_config(encoding, **options))
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
