@@ -3,24 +3,26 @@
     python benchmarks/step_time.py                # writes results/benchmarks/step_time-cpu.json
     python benchmarks/step_time.py --reference    # writes results/reference/step_time-cpu.json
 
-One step = forward, cross-entropy, backward, AdamW step; float32, 2 threads, denormals flushed.
-Model: 4 layers, d_model 256, 4 heads (head dim 64), SwiGLU with inner dim 4 x d_model, RMSNorm,
-no absolute embedding, full-width rotary, bias-free projections, untied head; batch 8 x 256 tokens,
-vocabulary 256. The configurations are timed alternately (round robin), so a neighbour process on the
-shared cores slows all of them alike; the table reports the median ms/step of the timed rounds.
+One step = forward, cross-entropy, backward, AdamW step (default settings); float32, 2 threads (``--threads``),
+denormals flushed. Both libraries build the same model: 4 layers, d_model 256, 4 heads (head dim 64), SwiGLU
+with inner dim 4 x d_model, RMSNorm, no absolute position embedding, full-width rotary (x-transformers
+defaults to half: ``rotary_emb_dim=64``), bias-free attention and output projections, untied head, attention
+through SDPA (x-transformers: ``attn_flash=True``); batch 8 x 256 tokens, vocabulary 256. One difference
+is x-transformers' own: its GLU input projection always has a bias (8,192 more parameters here).
+
+The configurations are timed alternately (round robin), so a neighbour process on the shared cores slows all
+of them alike. The table gives the median wall-clock ms/step and the median process CPU ms/step; CPU time
+is less disturbed by other processes, though two threads that spin-wait for each other still inflate it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -33,6 +35,7 @@ except ImportError:  # running from a source checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
 from posbench.model import ModelConfig, Transformer  # noqa: E402
+from posbench.results import atomic_write_json, environment_info, now_iso, posbench_info  # noqa: E402
 
 SHAPE = dict(layers=4, d_model=256, heads=4, seq=256, batch=8, vocab=256)
 
@@ -131,29 +134,23 @@ def main(argv: list[str] | None = None) -> int:
         t = wall[name]
         print(f"{name:<24}{params[name]:>10,}{median[name]:>10.1f}{min(t):>8.1f}{max(t):>8.1f}"
               f"{median_cpu[name]:>13.1f}")
-    ratios = {"tape/rope": median["posbench/tape"] / median["posbench/rope"]}
-    for e in ("rope", "alibi"):
-        if f"x-transformers/{e}" in median:
-            ratios[f"posbench/x-transformers ({e})"] = median[f"posbench/{e}"] / median[f"x-transformers/{e}"]
-    for name, value in ratios.items():
-        print(f"{name:<36}{value:>6.2f}x")
+    pairs = {"tape/rope": ("posbench/tape", "posbench/rope")}
+    pairs.update({f"posbench/x-transformers ({e})": (f"posbench/{e}", f"x-transformers/{e}")
+                  for e in ("rope", "alibi") if f"x-transformers/{e}" in median})
+    ratios = {name: median[a] / median[b] for name, (a, b) in pairs.items()}
+    ratios_cpu = {name: median_cpu[a] / median_cpu[b] for name, (a, b) in pairs.items()}
+    print(f"{'ratio':<36}{'wall':>6}{'CPU':>8}")
+    for name in ratios:
+        print(f"{name:<36}{ratios[name]:>5.2f}x{ratios_cpu[name]:>7.2f}x")
 
     record = {
-        "benchmark": "step_time", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__, "device": "cpu", "threads": args.threads, "cores": os.cpu_count(), "load_average": load,
-        "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
-        "shape": SHAPE, "warmup": args.warmup, "steps": args.steps, "params": params,
-        "median_ms": median, "median_cpu_ms": median_cpu, "wall_ms": wall, "cpu_ms": cpu, "ratios": ratios,
+        "benchmark": "step_time", "date": now_iso(), "posbench": posbench_info(),
+        "environment": environment_info("cpu", "float32"), "x_transformers": _version("x-transformers"),
+        "cores": os.cpu_count(), "load_average": load, "shape": SHAPE, "warmup": args.warmup,
+        "steps": args.steps, "params": params, "median_ms": median, "median_cpu_ms": median_cpu,
+        "ratios": ratios, "ratios_cpu": ratios_cpu, "wall_ms": wall, "cpu_ms": cpu,
     }
-    try:
-        import x_transformers
-        record["x_transformers"] = getattr(x_transformers, "__version__", None) or _version("x-transformers")
-    except ImportError:
-        pass
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(out)
+    atomic_write_json(out, record)
     print(f"wrote {out}")
     return 0
 

@@ -229,6 +229,7 @@ def presets_table() -> Table:
             model = {**base_model, **sections.get("model", {})}
             train = {**base_train, **sections.get("train", {})}
             model_text = (f"{model['n_layers']}L x {model['d_model']}d, {model['n_heads']} heads"
+                          + (f", ff {model['d_ff']}" if model["d_ff"] else "")
                           + (f", seq {model['max_seq_len']}" if model["max_seq_len"] else ""))
             train_text = f"{train['steps']} steps, batch {train['batch_size']}, lr {train['lr']:g}"
             table.add_row(name, preset + ("*" if preset == cls.default_preset else ""), model_text, train_text,

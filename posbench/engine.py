@@ -84,7 +84,7 @@ class TrainConfig:
     log_every: int = 50             # plain progress lines when not on a terminal
     precision: str = "auto"         # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
     compile: bool = False
-    threads: int = 0                # CPU threads; 0: every core this process may use
+    threads: int = 0                # CPU threads; 0: the free cores (see setup_device)
 
     def __post_init__(self):
         if self.steps < 0:
@@ -170,19 +170,35 @@ def pick_device(name: str = "auto") -> torch.device:
     return device
 
 
-def setup_device(device: torch.device, threads: int = 0) -> None:
-    """CPU: flush denormals (they slow softmax gradients 3-7x) and use the cores we may run on."""
+def setup_device(device: torch.device, threads: int = 0) -> int:
+    """CPU: flush denormals (they slow softmax gradients 3-7x) and pick the thread count; returns it.
+
+    ``threads=0`` (auto) uses the cores this process may run on that are not already busy (1-minute load
+    average): on a shared machine, more threads than free cores make every step several times slower
+    (threads spin-wait for each other), so a busy 2-core machine gets 1 thread.
+    """
     if device.type == "cpu":
         torch.set_flush_denormal(True)
         if threads <= 0:
-            try:
-                threads = len(os.sched_getaffinity(0))
-            except AttributeError:
-                threads = os.cpu_count() or 1
+            threads = auto_threads()
         torch.set_num_threads(max(1, threads))
-    elif device.type == "cuda":
+        return torch.get_num_threads()
+    if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    return torch.get_num_threads()
+
+
+def auto_threads() -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        busy = 0.0
+    return max(1, min(cores, int(round(cores - busy))))
 
 
 def seed_everything(seed: int) -> dict[str, int]:

@@ -15,7 +15,10 @@ import torch
 import posbench.attention as attention
 from posbench.attention import BACKENDS, BackendError, attend, resolve_backend, valid_backends
 
+from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 from encoding_helpers import BUILTIN, assert_close, seeded, tiny, tokens
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

@@ -6,11 +6,16 @@ import math
 import re
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from posbench.encodings import ENCODINGS, PositionalEncoding
 from posbench.model import ModelConfig, Transformer
+
+from encoding_helpers import one_thread  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -13,6 +13,10 @@ from posbench.encodings import ENCODINGS
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.t5 import causal_bucket
 
+from encoding_helpers import one_thread  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 HEADS, HEAD_DIM, D_MODEL, MAX_LEN = 4, 8, 32, 16
 
 
@@ -54,7 +58,8 @@ def t5_bucket_by_hand(d: int, num_buckets: int = 64, max_distance: int = 128) ->
     exact = num_buckets // 2
     if d < exact:
         return d
-    return min(num_buckets - 1, exact + int(math.log(d / exact) / math.log(max_distance / exact) * (num_buckets - exact)))
+    log_position = math.log(d / exact) / math.log(max_distance / exact)   # 0 at d = exact, 1 at max_distance
+    return min(num_buckets - 1, exact + int(log_position * (num_buckets - exact)))
 
 
 @pytest.mark.parametrize("distance, bucket", [

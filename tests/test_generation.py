@@ -8,7 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 from encoding_helpers import BUILTIN, VOCAB, assert_close, tiny, tokens
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("encoding", BUILTIN)

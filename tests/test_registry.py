@@ -10,7 +10,10 @@ from posbench.encodings import ENCODINGS, EncodingOptionError, PositionalEncodin
 from posbench.model import ModelConfig, Transformer
 from posbench.registry import Registry, UnknownNameError
 
+from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 from encoding_helpers import BUILTIN
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def small_config(encoding: str, **options) -> ModelConfig:
@@ -148,20 +151,16 @@ def test_entry_point_plugins_are_loaded_on_first_read(monkeypatch):
         ENCODINGS.remove("plugin-sincos")
 
 
-def test_entry_point_whose_class_does_not_self_register():
-    """A plugin may point at a class whose module did not register it (e.g. a name set afterwards)."""
+def test_entry_point_whose_class_does_not_self_register(monkeypatch):
+    """A plugin may point at a class that its module did not register: the registry adds it under its name."""
     reg: Registry = Registry("encoding", entry_point_group="posbench.encodings")
 
     class Loose:
         name = "loose"
 
-    original = posbench.registry.entry_points
-    posbench.registry.entry_points = lambda *, group: [FakeEntryPoint("loose-ep", lambda: Loose)]
-    try:
-        assert reg["loose"] is Loose
-        assert reg.origin("loose") == "plugin (posbench-plugin-demo)"
-    finally:
-        posbench.registry.entry_points = original
+    monkeypatch.setattr(posbench.registry, "entry_points", lambda *, group: [FakeEntryPoint("loose-ep", lambda: Loose)])
+    assert reg["loose"] is Loose
+    assert reg.origin("loose") == "plugin (posbench-plugin-demo)"
 
 
 def test_resolved_options_are_recorded_in_the_config():

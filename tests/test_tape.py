@@ -16,7 +16,10 @@ import torch.nn.functional as F
 from posbench.encodings.base import rope_cos_sin
 from posbench.model import ModelConfig, Transformer
 
+from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 from encoding_helpers import VOCAB, assert_close, run_layers, seeded, tiny, tokens
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -298,12 +301,14 @@ def test_random_offset_in_training_only():
     positions = torch.arange(10).expand(2, 10)
 
     def offset_of(state):
-        """Recover k from the state: the RoPE table at positions + k for the one k in 0..2L that matches."""
-        for k in range(0, 2 * 16 + 1):
-            table = torch.cat(rope_cos_sin(positions + k, tape.head_dim, 10000.0), -1)[:, None].expand_as(state)
-            if torch.allclose(state, table, atol=1e-5):
-                return k
-        raise AssertionError("state is not a shifted RoPE table")
+        """Recover k from the state: the lowest frequency w turns less than pi over 0..2L, so k = atan2(S, C) / w
+        at position 0; then the whole state must be the RoPE table at positions + k."""
+        w = 10000.0 ** (-(tape.head_dim - 2) / tape.head_dim)
+        f = tape.head_dim // 2 - 1
+        k = round(math.atan2(state[0, 0, 0, tape.head_dim + f].item(), state[0, 0, 0, f].item()) / w)
+        table = torch.cat(rope_cos_sin(positions + k, tape.head_dim, 10000.0), -1)[:, None].expand_as(state)
+        torch.testing.assert_close(state, table, rtol=0, atol=1e-6)
+        return k
 
     tape.eval()
     assert offset_of(tape.init_state(positions)) == 0

@@ -73,7 +73,8 @@ class TAPE(PositionalEncoding):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.options["gate"] not in {"rowsum", "scalar"}:
-            raise EncodingOptionError(f"encoding 'tape' option gate must be 'rowsum' or 'scalar', got {self.options['gate']!r}")
+            raise EncodingOptionError(
+                f"encoding 'tape' option gate must be 'rowsum' or 'scalar', got {self.options['gate']!r}")
         if self.options["position_size"] <= 0:
             self.options["position_size"] = 4 * self.n_heads
         self.layers = nn.ModuleList(

@@ -152,7 +152,8 @@ class Arithmetic(Task):
     presets = {
         "tiny": {
             "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 0},
-            "train": {"steps": 30, "batch_size": 32, "lr": 3e-3, "warmup_ratio": 0.1, "log_every": 10},
+            "train": {"steps": 30, "batch_size": 32, "lr": 3e-3, "warmup_ratio": 0.1, "log_every": 10,
+                      "threads": 1},
             "task": {"train_digits": 2, "eval_digits": 3, "eval_samples": 8},
         },
         "small": {

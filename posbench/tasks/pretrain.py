@@ -38,9 +38,9 @@ class Pretrain(CorpusTask):
         },
         "small": {
             "model": {"d_model": 128, "n_layers": 4, "n_heads": 4, "max_seq_len": 256},
-            "train": {"steps": 600, "batch_size": 16, "lr": 2e-3, "warmup_ratio": 0.05, "min_lr_ratio": 0.1,
+            "train": {"steps": 300, "batch_size": 16, "lr": 2e-3, "warmup_ratio": 0.05, "min_lr_ratio": 0.1,
                       "log_every": 50},
-            "task": {"max_train_tokens": 3_000_000, "eval_tokens": 65536},
+            "task": {"max_train_tokens": 2_000_000, "eval_tokens": 65536},
         },
         "paper": {
             "model": dict(PAPER_MODEL),
