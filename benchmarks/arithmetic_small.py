@@ -16,7 +16,6 @@ committed).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys

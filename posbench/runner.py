@@ -34,7 +34,10 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
     from posbench.model import ModelConfig, Transformer
     from posbench.tasks import TASKS
 
+    from posbench.progress import NullReporter
+
     started = time.perf_counter()
+    reporter = reporter or NullReporter()
     task = TASKS.get(config.task)(config)
     task.validate()
     train_cfg = engine.TrainConfig(**config.train)

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from posbench.encodings import ENCODINGS
 from posbench.model import ModelConfig, Transformer
+
 
 @pytest.fixture
 def one_thread():
@@ -71,10 +71,6 @@ def run_layers(model: Transformer, toks: torch.Tensor, positions: torch.Tensor |
         x, state = block(x, state, positions, pe)
         states.append(state)
     return model.lm_head(model.norm(x)), states
-
-
-def registered_builtins() -> list[str]:
-    return [name for name in ENCODINGS if name in BUILTIN]
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, rel: float = 1e-5, msg: str | None = None) -> None:

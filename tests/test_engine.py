@@ -14,6 +14,15 @@ from posbench.model import Transformer
 from posbench.tasks import TASKS
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and on a shared CPU extra threads make steps 10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny(encoding="tape", *sets):
     cfg = resolve_run_config("arithmetic", encoding, "tiny", sets=list(sets))
     task = TASKS["arithmetic"](cfg)

@@ -209,3 +209,22 @@ def test_randpe_training_is_rope_at_one_sorted_draw(per_layer):
         assert (logits - at_draw).abs().max() > 1e-3
     else:
         torch.testing.assert_close(logits, at_draw, **TOL)
+
+
+def test_a_bias_shared_by_every_row_is_computed_once(monkeypatch):
+    """Default positions are the same in every row: the encoding sees [1, N] and its bias is broadcast."""
+    model = tiny("alibi").eval()
+    seen = []
+    plain_bias = model.encoding.bias
+
+    def spy(layer, q_pos, k_pos):
+        seen.append((tuple(q_pos.shape), tuple(k_pos.shape)))
+        return plain_bias(layer, q_pos, k_pos)
+
+    monkeypatch.setattr(model.encoding, "bias", spy)
+    with torch.no_grad():
+        model(tokens(3, 10))
+        assert seen == [((1, 10), (1, 10))] * 2
+        seen.clear()
+        model(tokens(3, 10), positions=torch.arange(10).repeat(3, 1))   # per-row positions: per-row bias
+        assert seen == [((3, 10), (3, 10))] * 2

@@ -75,7 +75,9 @@ class PositionalEncoding(nn.Module):
         return q, k
 
     def bias(self, layer: int, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        """Additive logit bias ``[B or 1, H, Nq, Nk]`` for query positions ``[B, Nq]`` and keys ``[B, Nk]``."""
+        """Additive logit bias ``[B or 1, H, Nq, Nk]`` for query positions ``[B, Nq]`` and keys ``[B, Nk]``.
+        The model passes ``[1, Nq]`` and ``[1, Nk]`` when every row has the same positions; the bias is
+        then broadcast over the batch."""
         return None
 
     def state_values(self, layer: int, state: Any) -> Tensor | None:
