@@ -81,7 +81,7 @@ def merge_duplicates(rows: list[dict[str, Any]], dataset: str) -> list[Example]:
     return list(by_id.values())
 
 
-def _local_file(root: Path, dataset: str, split: str) -> Path:
+def local_file(root: Path, dataset: str, split: str) -> Path:
     folder = root / dataset
     if not folder.is_dir():
         raise DataError(f"{root} has no {dataset}/ folder; {WHAT_TO_PASS}")
@@ -124,7 +124,7 @@ def load_split(dataset: str, split: str, data: str | Path | None = None) -> list
         root = Path(data).expanduser()
         if not root.is_dir():
             raise DataError(f"--data {data} is not a directory; {WHAT_TO_PASS}")
-        rows = _read_rows_local(_local_file(root, dataset, split))
+        rows = _read_rows_local(local_file(root, dataset, split))
     return merge_duplicates(rows, dataset)
 
 

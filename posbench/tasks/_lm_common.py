@@ -16,7 +16,7 @@ import torch
 from posbench.config import ConfigError
 from posbench.data.errors import DataError
 from posbench.data.lm import TokenStream, token_stream
-from posbench.data.sources import open_source
+from posbench.data.sources import WHAT_TO_PASS, hub_offline, open_source
 from posbench.data.tokenizer import Tokenizer, build_tokenizer, parse_bpe_spec, tokenizer_from_spec
 from posbench.engine import Batch
 from posbench.tasks.base import SeededStream, Task
@@ -172,7 +172,8 @@ class CorpusTask(TokenizerMixin, Task):
                 raise ConfigError(f"task.{key} must be >= 0, got {self.opts[key]}")
         if self.opts["eval_batch_size"] < 1:
             raise ConfigError("task.eval_batch_size must be >= 1")
-        self.source  # noqa: B018 - resolve --data now, so a bad source fails before anything runs
+        if self.source.kind == "hub" and hub_offline():   # fail before the run directory exists
+            raise DataError(f"cannot load hub data set '{self.source.hub_name}' offline: {WHAT_TO_PASS}")
 
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size

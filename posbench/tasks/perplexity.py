@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from posbench.config import ConfigError
+from posbench.data.errors import DataError
 from posbench.evaluation.perplexity import PROTOCOLS, SCORING
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
 from posbench.results import Axis, Evaluation, Grid, Metric
@@ -56,6 +57,10 @@ class Perplexity(CorpusTask):
             raise ConfigError(f"task.score must be one of {', '.join(SCORING)}, got {self.opts['score']!r}")
         if self.opts["stride"] < 0:
             raise ConfigError(f"task.stride must be >= 0, got {self.opts['stride']}")
+        available = len(self.eval_tokens().tokens)
+        if max(self.lengths()) > available:
+            raise DataError(f"the held-out text has {available} tokens, fewer than the longest evaluation length "
+                            f"{max(self.lengths())}; raise task.eval_tokens or lower task.length_factors")
         if self.config.init is not None:
             # a checkpoint is evaluated as is unless asked otherwise (see the module docstring)
             self.config.train["steps"] = int(self.opts["init_steps"])

@@ -133,6 +133,18 @@ class Scrolls(TokenizerMixin, Task):
         for key in ("ft_steps", "max_input_tokens", "max_train_examples", "max_eval_examples"):
             if o[key] < 0:
                 raise ConfigError(f"task.{key} must be >= 0, got {o[key]}")
+        if self.data_arg is None:
+            if sd.hub_offline():
+                raise DataError(f"cannot load the hub data set {sd.HUB_NAME} offline: {sd.WHAT_TO_PASS}")
+        else:
+            from pathlib import Path
+
+            root = Path(self.data_arg).expanduser()
+            if not root.is_dir():
+                raise DataError(f"--data {self.data_arg} is not a directory; {sd.WHAT_TO_PASS}")
+            for dataset in self.datasets:        # every file is there before anything runs
+                for split in ("train", "validation"):
+                    sd.local_file(root, dataset, split)
         self.gen_limits = self._gen_limits()
         if self.max_input_tokens < 8:
             raise ConfigError(f"task.max_input_tokens must be >= 8, got {self.max_input_tokens}")
