@@ -107,7 +107,8 @@ class Perplexity(CorpusTask):
         longest = lengths[-1] // self.train_length
         primary = f"ppl_{longest}x" if first == "chunks" else f"ppl_sliding_{longest}x"
         return Evaluation(metrics=metrics, primary=primary, grids=grids,
-                          info={"train_length": self.train_length, "lengths": lengths, "protocols": protocols,
+                          info={"table_columns": list(metrics),
+                                "train_length": self.train_length, "lengths": lengths, "protocols": protocols,
                                 "score": self.opts["score"], "results": details,
                                 "evaluated_checkpoint": "init" if self.config.init and not self.config.train["steps"]
                                 else "trained in this run"})
