@@ -56,6 +56,10 @@ RESULT_FILE, CONFIG_FILE, PREDICTIONS_FILE, CHECKPOINT_DIR = (
     "result.json", "config.json", "predictions.jsonl", "checkpoint")
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 class ResultError(ValueError):
     """A missing, unreadable or invalid run or results tree; ``str()`` is one line."""
 
@@ -141,6 +145,7 @@ def atomic_save(path: Path, writer: Callable[[Path], None]) -> Path:
     os.close(fd)
     try:
         writer(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_UMASK)          # mkstemp creates 0600; give the usual file mode
         os.replace(tmp, path)
     except BaseException:
         with _suppress():
