@@ -6,9 +6,10 @@ document per row in a text field (``text`` unless told otherwise). Kinds:
 * ``stdlib`` (the default): the built-in corpus of ``posbench.data.corpus``; no download.
 * a local path: a ``.jsonl``/``.json``/``.parquet`` file (one row per document), a ``.txt``/``.md`` file
   (one document per file), each optionally compressed (``.gz``, ``.bz2``, ``.xz``, ``.zst``), or a directory
-  of them (searched recursively, sorted by path). Files whose name starts with ``validation``, ``valid``,
-  ``val``, ``dev`` or ``test`` (or that sit under a directory of that name) form the held-out split; when
-  there are none, every ``holdout_every``-th document is held out (indices 0, k, 2k, ...).
+  of them (searched recursively, sorted by path). Files whose name up to the first ``.``, ``-`` or ``_`` is
+  ``validation``, ``valid``, ``val``, ``dev`` or ``test`` (or that sit under a directory of that name) form
+  the held-out split; when there are none, every ``holdout_every``-th document is held out (indices 0,
+  k, 2k, ...).
 * a hub name (``owner/name``, optionally ``owner/name:config``, or an alias such as ``c4``, ``pg19``,
   ``proof-pile``) loaded with ``datasets`` in streaming mode when a network is there. Offline the source
   raises a one-line :class:`DataError` that says what to pass instead.
