@@ -48,6 +48,14 @@ class Registry(Mapping[str, type], Generic[T]):
         self._classes[name] = cls
         self._origins[name] = origin
 
+    def add_subclass(self, cls: type) -> None:
+        """Register a class that sets its own ``name`` (called from a base class's ``__init_subclass__``);
+        classes without a name of their own (abstract intermediates) are skipped."""
+        name = cls.__dict__.get("name")
+        if name:
+            builtin = cls.__module__.startswith("posbench.")
+            self.add(name, cls, origin="built-in" if builtin else f"user ({cls.__module__})")
+
     def remove(self, name: str) -> None:
         """Unregister a name (used by tests and notebooks that redefine a class)."""
         self._classes.pop(name, None)

@@ -47,10 +47,7 @@ class PositionalEncoding(nn.Module):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        name = cls.__dict__.get("name")
-        if name:
-            builtin = cls.__module__.startswith("posbench.")
-            ENCODINGS.add(name, cls, origin="built-in" if builtin else f"user ({cls.__module__})")
+        ENCODINGS.add_subclass(cls)
 
     def __init__(self, n_layers: int, n_heads: int, head_dim: int, d_model: int, max_seq_len: int,
                  **options: Any):

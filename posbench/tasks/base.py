@@ -77,10 +77,7 @@ class Task:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        name = cls.__dict__.get("name")
-        if name:
-            builtin = cls.__module__.startswith("posbench.")
-            TASKS.add(name, cls, origin="built-in" if builtin else f"user ({cls.__module__})")
+        TASKS.add_subclass(cls)
 
     def __init__(self, config: RunConfig):
         self.config = config
