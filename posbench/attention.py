@@ -25,10 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posbench.errors import UserError
+
 BACKENDS: dict[str, Callable[..., Tensor]] = {}
 
 
-class BackendError(ValueError):
+class BackendError(UserError):
     """A backend that cannot run the requested attention; ``str()`` is one line."""
 
 

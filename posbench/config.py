@@ -20,13 +20,13 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
+from posbench.errors import ConfigError
+
+__all__ = ["ConfigError", "RunConfig", "resolve_run_config", "coerce", "apply_overrides"]
+
 SECTIONS = ("model", "encoding", "train", "task")
 # ModelConfig fields a user may set; the task provides vocab_size, --encoding provides the encoding
 MODEL_KEYS_EXCLUDED = ("vocab_size", "encoding", "encoding_options")
-
-
-class ConfigError(ValueError):
-    """A bad preset, key or value; ``str()`` is one line."""
 
 
 @dataclass

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posbench.errors import UserError
 from posbench.progress import NullReporter
 from posbench.results import atomic_save, atomic_write_json
 
@@ -50,11 +51,11 @@ class NonFiniteLossError(RuntimeError):
     """Training produced a NaN/inf loss or gradient; ``str()`` names the step and the last good checkpoint."""
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A missing or unreadable checkpoint; ``str()`` is one line."""
 
 
-class DeviceError(ValueError):
+class DeviceError(UserError):
     """An unavailable device; ``str()`` is one line."""
 
 

@@ -12,10 +12,12 @@ from collections.abc import Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
+from posbench.errors import UserError
+
 T = TypeVar("T")
 
 
-class UnknownNameError(KeyError):
+class UnknownNameError(UserError, KeyError):
     """An unknown registry key. ``str()`` is a one-line message with the valid names."""
 
     def __init__(self, kind: str, name: str, valid: list[str]):

@@ -51,6 +51,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from posbench.errors import UserError
+
 SCHEMA_VERSION = 1
 RESULT_FILE, CONFIG_FILE, PREDICTIONS_FILE, CHECKPOINT_DIR = (
     "result.json", "config.json", "predictions.jsonl", "checkpoint")
@@ -60,7 +62,7 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
-class ResultError(ValueError):
+class ResultError(UserError):
     """A missing, unreadable or invalid run or results tree; ``str()`` is one line."""
 
 

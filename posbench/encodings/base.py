@@ -25,12 +25,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from posbench.errors import UserError
 from posbench.registry import Registry
 
 ENCODINGS: Registry = Registry("encoding", entry_point_group="posbench.encodings")
 
 
-class EncodingOptionError(ValueError):
+class EncodingOptionError(UserError):
     """A bad encoding option; ``str()`` is one line."""
 
 

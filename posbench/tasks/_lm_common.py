@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.data.errors import DataError
 from posbench.data.lm import TokenStream, token_stream
 from posbench.data.sources import WHAT_TO_PASS, hub_offline, open_source

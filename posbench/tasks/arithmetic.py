@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.data.char import EOS, PAD, CharTokenizer
 from posbench.engine import IGNORE_INDEX, Batch
 from posbench.results import Axis, Evaluation, Grid, Metric

@@ -52,14 +52,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from posbench.config import ConfigError, RunConfig
+from posbench.errors import ConfigError
 from posbench.registry import Registry
+
+if TYPE_CHECKING:
+    from posbench.config import RunConfig
 
 TASKS: Registry = Registry("task", entry_point_group="posbench.tasks")
 PRESET_NAMES = ("tiny", "small", "paper")

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.engine import IGNORE_INDEX, Batch
 from posbench.evaluation import passkey as pk
 from posbench.results import Axis, Evaluation, Grid, Metric

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.data.errors import DataError
 from posbench.evaluation.perplexity import PROTOCOLS, SCORING
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from posbench import engine
-from posbench.config import ConfigError
+from posbench.errors import ConfigError
 from posbench.data import scrolls_data as sd
 from posbench.data.errors import DataError
 from posbench.engine import IGNORE_INDEX, Batch

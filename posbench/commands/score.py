@@ -1,6 +1,6 @@
 """``posbench score``: score a SCROLLS predictions file ({id: prediction}) against a data set's references,
 after validating it like the official verifier (not a JSON object, non-string values, missing ids, extra
-ids: each a one-line error, exit code 2). Registered on the app by ``posbench.cli``."""
+ids: each a one-line error, exit code 2)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+
+from posbench.commands.common import out, user_errors
 
 SCORE_EPILOG = """[bold]Examples[/bold]
 
@@ -30,7 +32,6 @@ def score(
     """Score a SCROLLS predictions file with the official metric (validated like the official verifier)."""
     from rich.table import Table
 
-    from posbench.cli import out, user_errors
     from posbench.data.scrolls_data import load_split
     from posbench.metrics import score_predictions_file
     from posbench.results import ResultError

@@ -1,0 +1,1 @@
+"""One module per ``posbench`` command; ``posbench.cli`` registers them."""
