@@ -174,7 +174,7 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
     task_cls = TASKS.get(task)
     preset = preset or task_cls.default_preset
     chosen = task_cls.preset(preset)
-    unknown_sections = sorted(set(chosen) - {"model", "train", "task", "encoding"})
+    unknown_sections = sorted(set(chosen) - {"model", "train", "task", "encoding", "expected"})
     if unknown_sections:
         raise ConfigError(f"preset '{preset}' of task '{task}' has unknown sections {unknown_sections}")
     model = model_defaults()

@@ -126,6 +126,8 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)
         self.encoding.init_weights()
+        for param in self.encoding.unused_parameters():   # never reach the loss: no gradient, no DDP hook
+            param.requires_grad_(False)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):

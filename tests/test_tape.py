@@ -226,6 +226,7 @@ def test_every_tape_parameter_that_reaches_the_loss_gets_a_gradient(gate):
             # after the last layer the state is discarded (as in the reference): its update cannot reach the
             # loss, so it is skipped and its parameters get no gradient
             assert p.grad is None or p.grad.abs().max() == 0, name
+            assert not p.requires_grad, name   # frozen, so DDP needs no search for unused parameters
     assert all(p.grad is not None for n, p in model.named_parameters() if not n.startswith("encoding."))
 
 

@@ -88,6 +88,13 @@ class PositionalEncoding(nn.Module):
     def after_mlp(self, layer: int, state: Any, mlp_out: Tensor) -> Any:
         return state
 
+    def unused_parameters(self) -> list[nn.Parameter]:
+        """Parameters that can never reach the loss. The model freezes them (``requires_grad=False``) when it
+        is built, so optimizers skip them and DistributedDataParallel needs no per-step search for unused
+        parameters. They stay in the state dict (TAPE keeps its last layer's, so the parameter count is the
+        paper's)."""
+        return []
+
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
 

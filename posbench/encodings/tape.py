@@ -114,6 +114,10 @@ class TAPE(PositionalEncoding):
             return state
         return state + self.layers[layer].mlp_update(mlp_out, state.to(mlp_out.dtype))
 
+    def unused_parameters(self) -> list[nn.Parameter]:
+        """The last layer's updates produce a state that is discarded."""
+        return list(self.layers[self.n_layers - 1].parameters())
+
     def added_parameters(self) -> int:
         """Per the reference formula: L * (d_model*I + 2*H*I + H*H) for the row-sum gate."""
         return sum(p.numel() for p in self.layers.parameters())

@@ -25,6 +25,9 @@ Class attributes:
   ``{"model": {...}, "train": {...}, "task": {...}}`` overriding the built-in defaults of those sections
   (``ModelConfig``, ``engine.TrainConfig``, ``options``). ``tiny`` must run in seconds on a CPU (tests),
   ``small`` in minutes on a 2-core CPU (the default), ``paper`` is the paper's recipe for a GPU.
+  A preset may also carry ``"expected": {"seconds": S, "hardware": "...", "how": "measured" | "estimated",
+  "note": "..."}``: the wall time of one run of one encoding (training and evaluation) on that hardware,
+  shown by ``posbench ls presets``; it is not a configuration section.
 - ``default_preset``: ``"small"``.
 
 Training data: ``train_stream()`` returns an object with ``next_batch(batch_size) -> engine.Batch`` and a
