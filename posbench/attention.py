@@ -1,33 +1,55 @@
 """Attention backends: one function, several implementations, identical results.
 
-``attend(q, k, v, bias, backend)``: q ``[B, H, Nq, D]``, k ``[B, H, Nk, D]``, v ``[B, H, Nk, Dv]`` (Dv may
-exceed D: TAPE appends its state to the values), bias ``[B or 1, H, Nq, Nk]`` or None. Attention is causal
-and bottom-right aligned: query i (the (Nk - Nq + i)-th token) sees keys 0..Nk - Nq + i, which is what a KV
-cache needs. Scale 1/sqrt(D); softmax in float32 (at least) on the eager path.
+``attend(q, k, v, bias, backend, q_pos=..., k_pos=...)``: q ``[B, H, Nq, D]``, k ``[B, H, Nk, D]``, v
+``[B, H, Nk, Dv]`` (Dv may exceed D: TAPE appends its state to the values). ``bias`` is None, a
+``posbench.bias.ScoreBias`` (an element-wise function of head and positions; then ``q_pos [B or 1, Nq]`` and
+``k_pos [B or 1, Nk]`` are required) or a tensor ``[B or 1, H, Nq, Nk]``. Attention is causal and
+bottom-right aligned: query i (the (Nk - Nq + i)-th token) sees keys 0..Nk - Nq + i, which is what a KV cache
+needs. Scale 1/sqrt(D); softmax in float32 (at least) on the eager path.
 
 - ``eager``: explicit scores and softmax; the reference every other backend is tested against.
-- ``sdpa``: ``F.scaled_dot_product_attention`` (fused flash / memory-efficient kernels on GPU; the bias
-  and the causal mask are folded into one float mask, since SDPA refuses both together).
-- ``flex``: FlexAttention with the bias as a ``score_mod`` and a causal ``BlockMask``; compiled on CUDA.
-  FlexAttention has no CPU backward, so it is valid on CPU for inference only.
-- ``flash_attn``: the flash-attn package (CUDA, fp16/bf16, no bias); wide values are split into D-sized
-  chunks, each aggregated with the same softmax.
-- ``auto``: the fastest backend valid for the encoding, the device and whether gradients are needed.
+- ``sdpa``: ``F.scaled_dot_product_attention`` (fused flash / memory-efficient kernels on GPU); a bias is
+  materialised and folded with the causal mask into one float mask (SDPA refuses both together).
+- ``sdpa_split``: SDPA once per D-wide slice of wide values, so that each call has equal q / k / v widths
+  (the flash kernel's condition); the same softmax aggregates every slice.
+- ``flex``: FlexAttention with a causal ``BlockMask``; a ``ScoreBias`` is evaluated inside the kernel as a
+  ``score_mod`` (no sequence x sequence tensor, gradients to the encoding's tensors). Compiled on CUDA;
+  FlexAttention has no CPU backward, so on CPU it is valid for inference only.
+- ``flash_attn``: the flash-attn package (CUDA, fp16/bf16, no bias); wide values split as ``sdpa_split``.
+- ``auto``: the fastest backend valid for the bias, the device, the head size and whether gradients are needed.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
 import math
+import os
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posbench.bias import ScoreBias, tensor_score_mod
 from posbench.errors import UserError
 
+Bias = ScoreBias | Tensor | None
 BACKENDS: dict[str, Callable[..., Tensor]] = {}
+
+FLEX_AVAILABLE = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+FLASH_ATTN_INSTALLED = importlib.util.find_spec("flash_attn") is not None
+#: FlexAttention's smallest head size on CUDA (``tl.dot`` needs 16)
+FLEX_MIN_HEAD_DIM = 16
+#: below this many queries (decoding) a bias is materialised for SDPA: a [B, H, Nq, Nk] sliver is cheap, and a
+#: compiled flex kernel per cache length would recompile at every token
+FLEX_MIN_QUERIES = 16
+#: backward tile sizes for training with FlexAttention on CUDA. The defaults are picked from the q / k head size
+#: alone and overflow an H100's shared memory once the values are wider or the score_mod reads learnable tables;
+#: these 32/64 tiles fit (BLOCK_N1 % BLOCK_M1 == 0, BLOCK_M2 % BLOCK_N2 == 0). ``POSBENCH_FLEX_OPTIONS`` (JSON)
+#: replaces them, for tuning on a new GPU.
+FLEX_TRAIN_OPTIONS = {"bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32}
 
 
 class BackendError(UserError):
@@ -46,10 +68,20 @@ def causal_mask(nq: int, nk: int, device) -> Tensor:
     return torch.ones(nq, nk, dtype=torch.bool, device=device).tril(diagonal=nk - nq)
 
 
+def as_tensor(bias: Bias, q: Tensor, q_pos: Tensor | None, k_pos: Tensor | None) -> Tensor | None:
+    """A materialised bias ``[B or 1, H, Nq, Nk]`` (or None)."""
+    if isinstance(bias, ScoreBias):
+        if q_pos is None or k_pos is None:
+            raise ValueError("a ScoreBias needs q_pos and k_pos")
+        return bias.materialise(q.shape[1], q_pos, k_pos)
+    return bias
+
+
 @backend("eager")
-def eager_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+def eager_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None) -> Tensor:
     dtype = torch.promote_types(q.dtype, torch.float32)      # float32 softmax for half types; float64 stays
     scores = (q @ k.transpose(-2, -1)).to(dtype) / math.sqrt(q.shape[-1])
+    bias = as_tensor(bias, q, q_pos, k_pos)
     if bias is not None:
         scores = scores + bias.to(dtype)
     scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
@@ -57,8 +89,9 @@ def eager_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Ten
 
 
 @backend("sdpa")
-def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None) -> Tensor:
     nq, nk = q.shape[-2], k.shape[-2]
+    bias = as_tensor(bias, q, q_pos, k_pos)
     if bias is None and nq == nk:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if bias is None and nq == 1:
@@ -70,43 +103,76 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tens
     return F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask)
 
 
-_compiled_flex = None
+@backend("sdpa_split")
+def sdpa_split_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None) -> Tensor:
+    d = q.shape[-1]
+    if v.shape[-1] == d or v.shape[-1] % d:
+        return sdpa_attention(q, k, v, bias, q_pos, k_pos)
+    bias = as_tensor(bias, q, q_pos, k_pos)
+    return torch.cat([sdpa_attention(q, k, part, bias) for part in v.split(d, dim=-1)], dim=-1)
 
 
-@backend("flex")
-def flex_attention_backend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+@functools.lru_cache(maxsize=64)
+def _cached_block_mask(nq: int, nk: int, device: str):
+    return _block_mask(nq, nk, device)
 
-    global _compiled_flex
-    nq, nk, offset = q.shape[-2], k.shape[-2], k.shape[-2] - q.shape[-2]
+
+def _block_mask(nq: int, nk: int, device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset = nk - nq
 
     def causal(b, h, q_idx, kv_idx):
         return q_idx + offset >= kv_idx
 
-    score_mod = None
-    if bias is not None:
-        batch_index = bias.shape[0] > 1
+    return create_block_mask(causal, None, None, nq, nk, device=device)
 
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score + bias[b if batch_index else 0, h, q_idx, kv_idx]
 
-    fn = flex_attention
+def flex_kernel_options() -> dict:
+    text = os.environ.get("POSBENCH_FLEX_OPTIONS")
+    if not text:
+        return dict(FLEX_TRAIN_OPTIONS)
+    try:
+        options = json.loads(text)
+    except ValueError:
+        raise BackendError(f"POSBENCH_FLEX_OPTIONS is not JSON: {text!r}") from None
+    if not isinstance(options, dict):
+        raise BackendError("POSBENCH_FLEX_OPTIONS must be a JSON object of FlexAttention kernel options")
+    return options
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+@backend("flex")
+def flex_attention_backend(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None) -> Tensor:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    nq, nk = q.shape[-2], k.shape[-2]
+    compiling = torch.compiler.is_compiling()
+    block_mask = _block_mask(nq, nk, q.device) if compiling else _cached_block_mask(nq, nk, str(q.device))
+    if isinstance(bias, ScoreBias):
+        score_mod = bias.score_mod(q_pos, k_pos)
+    else:
+        score_mod = tensor_score_mod(bias) if bias is not None else None
+    fn, options = flex_attention, None
     if q.is_cuda:
-        _compiled_flex = _compiled_flex or torch.compile(flex_attention, dynamic=False)
-        fn = _compiled_flex
-    block_mask = create_block_mask(causal, None, None, nq, nk, device=q.device)
-    return fn(q, k, v, score_mod=score_mod, block_mask=block_mask)
-
-
-FLEX_AVAILABLE = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+        fn = flex_attention if compiling else _compiled_flex()
+        if torch.is_grad_enabled():
+            options = flex_kernel_options()
+    return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=options)
 
 
 def flash_attn_available() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None and torch.cuda.is_available()
+    return FLASH_ATTN_INSTALLED and torch.cuda.is_available()
 
 
 @backend("flash_attn")
-def flash_attn_backend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+def flash_attn_backend(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None) -> Tensor:
     from flash_attn import flash_attn_func  # optional extra: pip install posbench[flash]
 
     if bias is not None:
@@ -118,32 +184,49 @@ def flash_attn_backend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> 
     return torch.cat(chunks, dim=-1).transpose(1, 2)
 
 
-def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool) -> list[str]:
-    """Backends that can run this attention; ``auto`` picks the first."""
+def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool, head_dim: int = 64,
+                   value_dim: int | None = None, n_queries: int | None = None) -> list[str]:
+    """Backends that can run this attention, fastest first; ``auto`` picks the first."""
+    value_dim = head_dim if value_dim is None else value_dim
+    cuda = device.type == "cuda"
+    flex_ok = FLEX_AVAILABLE and (cuda or not needs_grad) and \
+        (not cuda or min(head_dim, value_dim) >= FLEX_MIN_HEAD_DIM)
     names = []
-    if device.type == "cuda" and flash_attn_available() and not has_bias:
+    if cuda and flash_attn_available() and not has_bias:
         names.append("flash_attn")
-    names.append("sdpa")
-    if FLEX_AVAILABLE and (device.type == "cuda" or not needs_grad):
+    if cuda and has_bias and flex_ok and (n_queries is None or n_queries >= FLEX_MIN_QUERIES):
+        names.append("flex")                          # the bias inside the kernel: no N x N tensor
+    names += ["sdpa", "sdpa_split"]
+    if flex_ok and "flex" not in names:
         names.append("flex")
     names.append("eager")
     return names
 
 
-def resolve_backend(name: str, has_bias: bool, device: torch.device, needs_grad: bool) -> str:
-    valid = valid_backends(has_bias, device, needs_grad)
+def resolve_backend(name: str, has_bias: bool, device: torch.device, needs_grad: bool, head_dim: int = 64,
+                    value_dim: int | None = None, n_queries: int | None = None) -> str:
+    valid = valid_backends(has_bias, device, needs_grad, head_dim, value_dim, n_queries)
     if name == "auto":
         return valid[0]
     if name not in BACKENDS:
         raise BackendError(f"unknown attention backend '{name}'; valid: auto, {', '.join(sorted(BACKENDS))}")
     if name not in valid:
-        why = "it needs flash-attn, CUDA and no logit bias" if name == "flash_attn" else \
-              "FlexAttention has no backward on this device"
+        if name == "flash_attn":
+            why = "it needs flash-attn, CUDA and no logit bias"
+        elif device.type == "cuda":
+            why = f"FlexAttention needs a head size of at least {FLEX_MIN_HEAD_DIM} on CUDA"
+        else:
+            why = "FlexAttention has no backward on this device"
         raise BackendError(f"attention backend '{name}' cannot run here: {why}")
     return name
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, backend_name: str = "auto") -> Tensor:
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v) if t is not None)
-    name = resolve_backend(backend_name, bias is not None, q.device, needs_grad)
-    return BACKENDS[name](q, k, v, bias)
+def attend(q: Tensor, k: Tensor, v: Tensor, bias: Bias = None, backend_name: str = "auto", *,
+           q_pos: Tensor | None = None, k_pos: Tensor | None = None) -> Tensor:
+    needs_grad = torch.is_grad_enabled() and (
+        any(t.requires_grad for t in (q, k, v)) or
+        (isinstance(bias, Tensor) and bias.requires_grad) or
+        (isinstance(bias, ScoreBias) and any(t.requires_grad for t in bias.tensors)))
+    name = resolve_backend(backend_name, bias is not None, q.device, needs_grad, q.shape[-1], v.shape[-1],
+                           q.shape[-2])
+    return BACKENDS[name](q, k, v, bias, q_pos, k_pos)

@@ -75,13 +75,18 @@ class Attention(nn.Module):
         q_pos = k_pos = positions
         if cache is not None:
             k, v, k_pos = cache.append(k, v, positions)
-        if q_pos.stride(0) == 0 and k_pos.stride(0) == 0:   # rows share their positions: one bias for all
+        if shared_rows(q_pos) and shared_rows(k_pos):         # rows share their positions: one bias for all
             q_pos, k_pos = q_pos[:1], k_pos[:1]
-        y = attend(q, k, v, pe.bias(self.layer, q_pos, k_pos), self.backend)
+        y = attend(q, k, v, pe.score_bias(self.layer), self.backend, q_pos=q_pos, k_pos=k_pos)
         y, aggregated = y[..., :self.head_dim], y[..., self.head_dim:]
         if extra is not None:
             state = pe.after_attention(self.layer, state, aggregated)
         return self.out(y.transpose(1, 2).reshape(b, n, -1)), state
+
+
+def shared_rows(positions: Tensor) -> bool:
+    """Every row of ``positions [B, N]`` is the same row (one row, or rows expanded from one)."""
+    return positions.shape[0] == 1 or positions.stride(0) == 0
 
 
 class SwiGLU(nn.Module):
@@ -151,8 +156,9 @@ class Transformer(nn.Module):
             cache.length += n
         return self.lm_head(self.norm(x))
 
-    def new_cache(self) -> KVCache:
-        return KVCache(self.config.n_layers)
+    def new_cache(self, capacity: int = 0) -> KVCache:
+        """An empty KV cache; ``capacity`` (tokens) preallocates it (it grows by doubling if exceeded)."""
+        return KVCache(self.config.n_layers, capacity)
 
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, eos_id: int | None = None,

@@ -1,7 +1,9 @@
-"""Attention backends agree with ``eager``; ``auto`` and explicit requests never pick an invalid backend.
+"""Attention backends agree with the definition and with ``eager``; ``auto`` and explicit requests never pick an
+invalid backend.
 
-Tolerances: 1e-5 (relative to the largest entry, float32) on outputs and gradients; FlexAttention's
-unfused CPU path is checked on outputs only, since it has no CPU backward.
+Tolerances: 1e-5 (relative to the largest entry, float32) on outputs, 1e-4 on gradients (sums over more
+terms); FlexAttention's unfused CPU path is checked on outputs only, since it has no CPU backward. The CUDA
+checks are in test_gpu.py.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 import posbench.attention as attention
 from posbench.attention import BACKENDS, BackendError, attend, resolve_backend, valid_backends
+from posbench.bias import ScoreBias
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 from encoding_helpers import BUILTIN, assert_close, seeded, tiny, tokens
@@ -43,38 +46,68 @@ def qkv(nq=7, nk=7, d=8, dv=8, batch=2, heads=3, seed=0):
             torch.randn(batch, heads, nk, dv, generator=g))
 
 
-def run_backend(name, *args):
+def tilt_bias(head, q_pos, k_pos, tilt):
+    """A made-up element-wise bias: a per-head quadratic in the distance (tilt [H, 2])."""
+    d = (q_pos - k_pos).to(tilt.dtype)
+    return tilt[head, 0] * d + tilt[head, 1] * d * d / 10  # two reads of one tensor: fine without gradients
+
+
+def run_backend(name, *args, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flex on CPU warns that it is unfused
-        return attend(*args, name)
+        return attend(*args, name, **kwargs)
 
 
-@pytest.mark.parametrize("name", ["eager", "sdpa", "flex"])
-@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+ALL_CPU = ["eager", "sdpa", "sdpa_split", "flex"]
+
+
+@pytest.mark.parametrize("name", ALL_CPU)
+@pytest.mark.parametrize("bias_kind", ["none", "tensor", "score"])
 @pytest.mark.parametrize("nq, nk, dv", [(7, 7, 8), (7, 7, 24), (3, 7, 24), (1, 9, 8), (1, 9, 24)],
                          ids=["square", "wide-v", "cache-wide-v", "one-query", "one-query-wide-v"])
-def test_attention_function_against_the_definition(name, with_bias, nq, nk, dv):
+def test_attention_function_against_the_definition(name, bias_kind, nq, nk, dv):
     q, k, v = qkv(nq, nk, dv=dv)
-    bias = torch.randn(1, 3, nq, nk) if with_bias else None
+    q_pos = torch.arange(nk - nq, nk)[None] + 5          # cached keys come first; positions start at 5
+    k_pos = torch.arange(nk)[None] + 5
+    tilt = torch.randn(3, 2, generator=torch.Generator().manual_seed(3))
+    score_bias = ScoreBias(tilt_bias, (tilt,))
+    dense = score_bias.materialise(3, q_pos, k_pos)
+    bias = {"none": None, "tensor": dense, "score": score_bias}[bias_kind]
     with torch.no_grad():
-        out = run_backend(name, q, k, v, bias)
+        out = run_backend(name, q, k, v, bias, q_pos=q_pos, k_pos=k_pos)
     assert out.shape == (2, 3, nq, dv)
-    assert_close(out, naive_attention(q, k, v, bias))
+    assert_close(out, naive_attention(q, k, v, None if bias_kind == "none" else dense))
 
 
-@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_materialised_score_bias_is_the_function_at_every_index():
+    tilt = torch.randn(3, 2)
+    q_pos, k_pos = torch.tensor([[4, 9]]), torch.tensor([[0, 4, 9]])
+    dense = ScoreBias(tilt_bias, (tilt,)).materialise(3, q_pos, k_pos)
+    assert dense.shape == (1, 3, 2, 3)
+    for h in range(3):
+        for a, i in enumerate((4, 9)):
+            for b, j in enumerate((0, 4, 9)):
+                expected = tilt[h, 0] * (i - j) + tilt[h, 1] * (i - j) ** 2 / 10
+                assert dense[0, h, a, b].item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["sdpa", "sdpa_split"])
+@pytest.mark.parametrize("bias_kind", ["none", "tensor", "score"])
 @pytest.mark.parametrize("nq, nk, dv", [(7, 7, 24), (3, 7, 24), (1, 9, 8)])
-def test_sdpa_gradients_match_eager(with_bias, nq, nk, dv):
+def test_gradients_match_eager(name, bias_kind, nq, nk, dv):
     grads = {}
-    for name in ("eager", "sdpa"):
+    for backend_name in ("eager", name):
         q, k, v = (t.requires_grad_() for t in qkv(nq, nk, dv=dv))
-        bias = torch.randn(2, 3, nq, nk, generator=torch.Generator().manual_seed(4)).requires_grad_() \
-            if with_bias else None
+        q_pos, k_pos = torch.arange(nk - nq, nk)[None], torch.arange(nk)[None]
+        leaf = torch.randn(2, 3, nq, nk, generator=torch.Generator().manual_seed(4)) if bias_kind == "tensor" \
+            else torch.randn(3, 2, generator=torch.Generator().manual_seed(4))
+        leaf.requires_grad_()
+        bias = {"none": None, "tensor": leaf, "score": ScoreBias(tilt_bias, (leaf,))}[bias_kind]
         weight = torch.randn(2, 3, nq, dv, generator=torch.Generator().manual_seed(5))
-        (attend(q, k, v, bias, name) * weight).sum().backward()
-        grads[name] = [t.grad for t in (q, k, v, bias) if t is not None]
-    for eager, sdpa in zip(grads["eager"], grads["sdpa"]):
-        assert_close(sdpa, eager)
+        (attend(q, k, v, bias, backend_name, q_pos=q_pos, k_pos=k_pos) * weight).sum().backward()
+        grads[backend_name] = [t.grad for t in (q, k, v)] + ([leaf.grad] if bias_kind != "none" else [])
+    for reference, other in zip(grads["eager"], grads[name]):
+        assert_close(other, reference, rel=1e-4)
 
 
 # ---- whole models: every backend against eager, for every encoding --------------------------------------
@@ -85,9 +118,10 @@ def pair(encoding, backend):
     return reference.eval(), other.eval()
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "sdpa_split"])
 @pytest.mark.parametrize("encoding", BUILTIN)
-def test_sdpa_model_matches_eager_outputs_and_gradients(encoding):
-    reference, other = pair(encoding, "sdpa")
+def test_model_matches_eager_outputs_and_gradients(encoding, backend):
+    reference, other = pair(encoding, backend)
     x = tokens(2, 12)
     outs = []
     for model in (reference, other):
@@ -101,7 +135,7 @@ def test_sdpa_model_matches_eager_outputs_and_gradients(encoding):
         if grad is None:
             assert grads[name] is None, name
         else:
-            assert_close(grads[name], grad, rel=1e-4, msg=name)  # gradients: sums over more terms
+            assert_close(grads[name], grad, rel=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("encoding", BUILTIN)
@@ -131,7 +165,7 @@ def test_flex_in_training_on_cpu_is_a_one_line_error():
 
 def test_unknown_backend_is_a_one_line_error():
     with pytest.raises(BackendError, match=r"unknown attention backend 'flsh'; valid: auto, eager, flash_attn, "
-                                           r"flex, sdpa$"):
+                                           r"flex, sdpa, sdpa_split$"):
         attend(*qkv(), None, "flsh")
 
 
@@ -141,16 +175,23 @@ def test_unknown_backend_is_a_one_line_error():
 def test_auto_never_picks_an_invalid_backend(has_bias, needs_grad, flash_installed, monkeypatch):
     monkeypatch.setattr(attention, "flash_attn_available", lambda: flash_installed)
     cpu = resolve_backend("auto", has_bias, CPU, needs_grad)
-    assert cpu in BACKENDS and cpu != "flash_attn"                     # never flash-attn without CUDA
+    assert cpu == "sdpa"                                                # never flash-attn or flex-backward on CPU
     if needs_grad:
-        assert cpu != "flex"                                           # no FlexAttention backward on CPU
-        assert "flex" not in valid_backends(has_bias, CPU, needs_grad)
+        assert "flex" not in valid_backends(has_bias, CPU, needs_grad)  # no FlexAttention backward on CPU
     cuda = resolve_backend("auto", has_bias, CUDA, needs_grad)
-    assert cuda == ("flash_attn" if flash_installed and not has_bias else "sdpa")  # flash-attn: no bias
-    for name in ("eager", "sdpa"):
+    if has_bias:
+        assert cuda == "flex"                                           # the bias evaluated inside the kernel
+    else:
+        assert cuda == ("flash_attn" if flash_installed else "sdpa")
+    # decoding (few queries) and tiny heads keep a bias out of FlexAttention on CUDA
+    assert resolve_backend("auto", has_bias, CUDA, needs_grad, n_queries=1) != "flex"
+    assert resolve_backend("auto", has_bias, CUDA, needs_grad, head_dim=8) != "flex"
+    for name in ("eager", "sdpa", "sdpa_split"):
         assert resolve_backend(name, has_bias, CPU, needs_grad) == name
     with pytest.raises(BackendError, match="flash_attn.*needs flash-attn, CUDA and no logit bias"):
         resolve_backend("flash_attn", has_bias, CPU, needs_grad)
+    with pytest.raises(BackendError, match="head size of at least 16"):
+        resolve_backend("flex", has_bias, CUDA, needs_grad, head_dim=8)
 
 
 @pytest.mark.parametrize("encoding", ["rope", "alibi", "tape"])
@@ -161,25 +202,14 @@ def test_auto_in_a_training_model_runs_and_matches_eager(encoding):
     assert_close(seeded(other.train(), x, seed=3), seeded(reference.train(), x, seed=3))
 
 
-# ---- CUDA ------------------------------------------------------------------------------------------------
-@pytest.mark.gpu
-@pytest.mark.parametrize("encoding", BUILTIN)
-@pytest.mark.parametrize("backend", ["sdpa", "flex", "flash_attn"])
-def test_cuda_backends_match_eager(encoding, backend):
-    """bf16 on CUDA: 2e-2 relative to the largest logit (bf16 has 8 bits of mantissa)."""
-    if backend == "flash_attn" and not attention.flash_attn_available():
-        pytest.skip("flash-attn is not installed")
-    reference = tiny(encoding, attention="eager").cuda().eval()
-    other = tiny(encoding, attention=backend).cuda().eval()
-    other.load_state_dict(reference.state_dict())
-    x = tokens(2, 64).cuda()
-    has_bias = type(reference.encoding).has_bias
-    if backend == "flash_attn" and has_bias:
-        with pytest.raises(BackendError):
-            other(x)
-        return
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        expected = reference(x).float()
-        logits = other(x)
-        logits.float().logsumexp(-1).mean().backward()  # every CUDA backend trains
-    assert_close(logits.float(), expected, rel=2e-2)
+def test_flex_kernel_options_from_the_environment(monkeypatch):
+    assert attention.flex_kernel_options() == attention.FLEX_TRAIN_OPTIONS
+    monkeypatch.setenv("POSBENCH_FLEX_OPTIONS", '{"bwd_BLOCK_M1": 16, "num_stages": 1}')
+    assert attention.flex_kernel_options() == {"bwd_BLOCK_M1": 16, "num_stages": 1}
+    monkeypatch.setenv("POSBENCH_FLEX_OPTIONS", "not json")
+    with pytest.raises(BackendError, match="POSBENCH_FLEX_OPTIONS is not JSON"):
+        attention.flex_kernel_options()
+
+
+def test_every_backend_is_registered():
+    assert set(BACKENDS) == {"eager", "sdpa", "sdpa_split", "flex", "flash_attn"}

@@ -76,7 +76,7 @@ def test_per_row_positions_in_a_batch(encoding):
 
 
 # ---- exactly one position signal ---------------------------------------------------------------------
-SIGNAL_HOOKS = ("embed", "rotate", "bias")
+SIGNAL_HOOKS = ("embed", "rotate", "score_bias")
 
 
 def overridden_signal_hooks(cls) -> list[str]:
@@ -118,7 +118,7 @@ def test_fresh_tape_carries_a_position_signal_too():
 
 @pytest.mark.parametrize("encoding", BUILTIN)
 def test_exactly_one_signal_hook(encoding, monkeypatch):
-    """Each encoding overrides exactly one of embed / rotate / bias (NoPE none), and resetting that one
+    """Each encoding overrides exactly one of embed / rotate / score_bias (NoPE none), and resetting that one
     hook to the base class's no-op makes a one-layer model order-blind: there is no second signal."""
     from posbench.encodings import ENCODINGS
 
@@ -212,19 +212,24 @@ def test_randpe_training_is_rope_at_one_sorted_draw(per_layer):
 
 
 def test_a_bias_shared_by_every_row_is_computed_once(monkeypatch):
-    """Default positions are the same in every row: the encoding sees [1, N] and its bias is broadcast."""
+    """Default positions are the same in every row: attention sees positions [1, N] and the bias is
+    broadcast over the batch; per-row positions give a per-row bias. With a cache, a per-row query and the
+    shared cached keys still pair row by row."""
+    import posbench.model as model_module
+
     model = tiny("alibi").eval()
     seen = []
-    plain_bias = model.encoding.bias
+    plain_attend = model_module.attend
 
-    def spy(layer, q_pos, k_pos):
-        seen.append((tuple(q_pos.shape), tuple(k_pos.shape)))
-        return plain_bias(layer, q_pos, k_pos)
+    def spy(q, k, v, bias, backend, q_pos, k_pos):
+        seen.append((tuple(q_pos.shape), tuple(k_pos.shape), tuple(bias.materialise(q.shape[1], q_pos,
+                                                                                      k_pos).shape)))
+        return plain_attend(q, k, v, bias, backend, q_pos=q_pos, k_pos=k_pos)
 
-    monkeypatch.setattr(model.encoding, "bias", spy)
+    monkeypatch.setattr(model_module, "attend", spy)
     with torch.no_grad():
         model(tokens(3, 10))
-        assert seen == [((1, 10), (1, 10))] * 2
+        assert seen == [((1, 10), (1, 10), (1, 4, 10, 10))] * 2
         seen.clear()
         model(tokens(3, 10), positions=torch.arange(10).repeat(3, 1))   # per-row positions: per-row bias
-        assert seen == [((3, 10), (3, 10))] * 2
+        assert seen == [((3, 10), (3, 10), (3, 4, 10, 10))] * 2

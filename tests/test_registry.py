@@ -185,7 +185,13 @@ def test_resolved_options_are_recorded_in_the_config():
     ("t5", {"num_buckets": 2.5}, "option num_buckets=2.5 must be of type int"),
     ("randpe", {"per_layer": "maybe"}, "option per_layer='maybe' must be of type bool"),
     ("tape", {"gate": 3}, "option gate=3 must be of type str"),
-    ("tape", {"gate": "mixing"}, "gate must be 'rowsum' or 'scalar'"),
+    ("tape", {"gate": "mixing"}, "option gate='mixing' is out of range: it must be one of rowsum, scalar"),
+    ("rope", {"theta": -3}, "option theta=-3.0 is out of range: it must be > 0"),
+    ("xpos", {"gamma": 0}, "option gamma=0.0 is out of range: it must be > 0"),
+    ("fire", {"c": 0}, "option c=0.0 is out of range: it must be > 0"),
+    ("randpe", {"range_factor": 0}, "option range_factor=0 is out of range: it must be >= 1"),
+    ("t5", {"max_distance": 16}, "max_distance=16 is out of range: it must be > num_buckets / 2 (32)"),
+    ("tape", {"scale": float("nan")}, "option scale=nan is out of range: it must be > 0"),
 ])
 def test_bad_options_are_refused_in_one_line(encoding, options, message):
     with pytest.raises(EncodingOptionError) as info:

@@ -4,7 +4,9 @@ Importing this package registers the built-in encodings; third-party ones come t
 ``posbench.encodings`` entry-point group.
 """
 
-from posbench.encodings.base import ENCODINGS, EncodingOptionError, PositionalEncoding
+from posbench.bias import ScoreBias
+from posbench.encodings.base import ENCODINGS, PositionalEncoding
+from posbench.encodings.options import Bound, EncodingOptionError, OneOf
 from posbench.encodings import alibi, fire, nope, randpe, rope, t5, tape, xpos  # noqa: F401  (registration)
 
-__all__ = ["ENCODINGS", "EncodingOptionError", "PositionalEncoding"]
+__all__ = ["ENCODINGS", "Bound", "EncodingOptionError", "OneOf", "PositionalEncoding", "ScoreBias"]

@@ -13,6 +13,7 @@ import math
 import torch
 from torch import Tensor
 
+from posbench.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
 
 
@@ -26,16 +27,18 @@ def alibi_slopes(n_heads: int) -> list[float]:
     return power_of_two(p) + power_of_two(2 * p)[0::2][: n_heads - p]
 
 
+def alibi_bias(head: Tensor, q_pos: Tensor, k_pos: Tensor, slopes: Tensor) -> Tensor:
+    return slopes[head] * (k_pos - q_pos).to(slopes.dtype)
+
+
 class ALiBi(PositionalEncoding):
     name = "alibi"
     description = "linear distance penalty per head (Press et al. slopes)"
     relative = True
-    has_bias = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(self.n_heads)), persistent=False)
 
-    def bias(self, layer: int, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        distance = (q_pos[:, :, None] - k_pos[:, None, :]).to(self.slopes.dtype)  # [B, Nq, Nk]
-        return -self.slopes[None, :, None, None] * distance[:, None]
+    def score_bias(self, layer: int) -> ScoreBias:
+        return ScoreBias(alibi_bias, (self.slopes,))

@@ -8,14 +8,20 @@ The model calls these hooks, in this order, and knows nothing else about any enc
     for each layer l:
         q, k = pe.rotate(l, q, k, state)                # RoPE, xPos, TAPE transform q and k
         extra = pe.state_values(l, state)               # TAPE: tensors aggregated like values
-        bias = pe.bias(l, q_pos, k_pos)                 # ALiBi, FIRE, T5 add to the logits
-        ... attention over [v | extra] with the same weights ...
+        bias = pe.score_bias(l)                         # ALiBi, FIRE, T5: an element-wise logit bias
+        ... attention over [v | extra] with the same weights, plus the bias ...
         state = pe.after_attention(l, state, aggregated_extra)
         state = pe.after_mlp(l, state, mlp_output)
 
+A logit bias is a ``posbench.bias.ScoreBias``: a function of (head, query position, key position) and the
+encoding's own tensors, written once; the attention backend evaluates it inside its kernel (FlexAttention on
+a GPU) or broadcasts it into a tensor (eager, SDPA). ``bias(l, q_pos, k_pos)`` returns that tensor.
+
 Static encodings leave the state unchanged. Each encoding must put exactly one position signal into
-the model (NoPE none). Options are declared in ``defaults``; every option is type-checked, has a default
-and is recorded in the model's config.
+the model (NoPE none). Options are declared in ``defaults`` (value and type) and ``limits`` (valid range of
+every non-boolean option); both are checked when the encoding is built, and every resolved option is recorded
+in the model's config. Hooks receive the layer as a Python int; keep them free of graph breaks (no Python
+``random``, no ``.item()``) so that a compiled model is one graph for all layers.
 """
 
 from __future__ import annotations
@@ -25,14 +31,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posbench.errors import UserError
+from posbench.bias import ScoreBias
+from posbench.encodings.options import Bound, EncodingOptionError, OneOf, resolve_options
 from posbench.registry import Registry
 
 ENCODINGS: Registry = Registry("encoding", entry_point_group="posbench.encodings")
 
-
-class EncodingOptionError(UserError):
-    """A bad encoding option; ``str()`` is one line."""
+__all__ = ["ENCODINGS", "EncodingOptionError", "PositionalEncoding", "rope_cos_sin", "rotate_half"]
 
 
 class PositionalEncoding(nn.Module):
@@ -41,13 +46,16 @@ class PositionalEncoding(nn.Module):
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
+    #: the valid range of each non-boolean option (``Bound`` for numbers, ``OneOf`` for names)
+    limits: ClassVar[dict[str, Bound | OneOf]] = {}
     #: logits are unchanged when every position is shifted by a constant (at eval)
     relative: ClassVar[bool] = False
-    #: adds a bias to the attention logits (backends need a float mask or a score_mod)
+    #: adds a logit bias (set automatically: the class overrides ``score_bias``)
     has_bias: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        cls.has_bias = cls.score_bias is not PositionalEncoding.score_bias
         ENCODINGS.add_subclass(cls)
 
     def __init__(self, n_layers: int, n_heads: int, head_dim: int, d_model: int, max_seq_len: int,
@@ -55,7 +63,7 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         self.n_layers, self.n_heads, self.head_dim = n_layers, n_heads, head_dim
         self.d_model, self.max_seq_len = d_model, max_seq_len
-        self.options = resolve_options(self.name, self.defaults, options)
+        self.options = resolve_options(self.name, self.defaults, options, self.limits)
 
     # ---- hooks (defaults: no positional signal, state unchanged) -------------------------------------
     def init_weights(self) -> None:
@@ -72,10 +80,8 @@ class PositionalEncoding(nn.Module):
         """Transform queries and keys ``[B, H, N, D]``."""
         return q, k
 
-    def bias(self, layer: int, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        """Additive logit bias ``[B or 1, H, Nq, Nk]`` for query positions ``[B, Nq]`` and keys ``[B, Nk]``.
-        The model passes ``[1, Nq]`` and ``[1, Nk]`` when every row has the same positions; the bias is
-        then broadcast over the batch."""
+    def score_bias(self, layer: int) -> ScoreBias | None:
+        """This layer's logit bias as an element-wise function (see ``posbench.bias``), or None."""
         return None
 
     def state_values(self, layer: int, state: Any) -> Tensor | None:
@@ -95,45 +101,15 @@ class PositionalEncoding(nn.Module):
         paper's)."""
         return []
 
+    # ---- derived ---------------------------------------------------------------------------------------
+    def bias(self, layer: int, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """The layer's bias as a tensor ``[B or 1, H, Nq, Nk]`` for query positions ``[B or 1, Nq]`` and key
+        positions ``[B or 1, Nk]`` (what eager attention and SDPA add to the logits)."""
+        score_bias = self.score_bias(layer)
+        return None if score_bias is None else score_bias.materialise(self.n_heads, q_pos, k_pos)
+
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
-
-
-def resolve_options(name: str, defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """Merge ``given`` over ``defaults``, refusing unknown keys and values of the wrong type."""
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        valid = ", ".join(sorted(defaults)) or "none"
-        raise EncodingOptionError(f"encoding '{name}' has no option {', '.join(unknown)}; valid options: {valid}")
-    resolved = dict(defaults)
-    for key, value in given.items():
-        resolved[key] = _coerce(name, key, value, defaults[key])
-    return resolved
-
-
-def _coerce(name: str, key: str, value: Any, default: Any) -> Any:
-    if default is None or value is None:
-        return value
-    kind = type(default)
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in {"true", "false", "1", "0", "yes", "no"}:
-            return value.lower() in {"true", "1", "yes"}
-    elif kind in (int, float):
-        if isinstance(value, bool):
-            pass
-        elif isinstance(value, (int, float)) and (kind is float or float(value).is_integer()):
-            return kind(value)
-        elif isinstance(value, str):
-            try:
-                return kind(value)
-            except ValueError:
-                pass
-    elif isinstance(value, kind):
-        return value
-    raise EncodingOptionError(
-        f"encoding '{name}' option {key}={value!r} must be of type {kind.__name__}")
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -142,11 +118,16 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """RoPE's table for positions ``[B, N]`` (integer or float): cos and sin of ``t * theta^(-2f/D)``,
-    duplicated over the two halves, ``[B, N, D]`` float32. Computed in float64, so that the angle of a far
-    position does not lose its fraction (float32 would round position 16384's angles by up to 1e-3 rad)."""
+def rope_angles(positions: Tensor, head_dim: int, theta: float) -> Tensor:
+    """``t * theta^(-2f/D)`` for f < D/2, ``[B, N, D/2]`` float64. Computed in float64, so that the angle of a
+    far position does not lose its fraction (float32 would round position 16384's angles by up to 1e-3 rad)."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim)
-    angles = positions.to(torch.float64)[..., None] * inv_freq
+    return positions.to(torch.float64)[..., None] * inv_freq
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """RoPE's table for positions ``[B, N]`` (integer or float): cos and sin of the angles, duplicated over the
+    two halves, ``[B, N, D]`` float32."""
+    angles = rope_angles(positions, head_dim, theta)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos().to(torch.float32), angles.sin().to(torch.float32)

@@ -3,14 +3,44 @@
 psi(x) = log(|c x| + 1) with c learned (init 0.1); L = |L_mult * init_L| with init_L = 512 fixed and the
 multiplier learned (init 1.0); MLP 1 -> 32 -> H with ReLU; eps 1e-6 added to the denominator; one module per
 layer, as in the reference. While i < L the normaliser is constant, so the bias depends on i - j only.
+
+How it is evaluated without a sequence x sequence tensor. The MLP has one input u, so it is piecewise linear
+in u: hidden unit k is active on one side of its breakpoint t_k = -b1_k / w1_k, and between consecutive
+breakpoints the set of active units is fixed. With the K breakpoints sorted, segment s (u above exactly s of
+them) has
+
+    MLP_h(u) = slope[s, h] * u + icpt[s, h],
+    slope[s, h] = sum_k active[s, k] w1_k W2[h, k],   icpt[s, h] = b2_h + sum_k active[s, k] b1_k W2[h, k],
+
+which is the MLP exactly (at a breakpoint the unit contributes zero either way). ``pieces()`` builds the
+(K + 1) x H tables from the weights with ordinary autograd, so gradients reach every MLP weight; per score the
+bias needs u, a count of the breakpoints below it, and two table lookups. Gradients reach c and L_mult
+through u.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor, nn
 
+from posbench.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
+from posbench.encodings.options import Bound, at_least, positive
+
+
+def fire_bias(head: Tensor, q_pos: Tensor, k_pos: Tensor, c_num: Tensor, c_den: Tensor, threshold: Tensor,
+              breaks: Tensor, slope: Tensor, icpt: Tensor, *, eps: float) -> Tensor:
+    """The element-wise FIRE bias. ``c_num`` and ``c_den`` are two views of c (one read each), ``threshold``
+    is L, all shape [1]; ``breaks`` the sorted breakpoints [K]; ``slope``/``icpt`` the [K + 1, H] pieces."""
+    q = q_pos.to(slope.dtype)
+    u = torch.log(torch.abs(c_num[0] * (q - k_pos.to(slope.dtype))) + 1) / \
+        (torch.log(torch.abs(c_den[0] * torch.maximum(q, threshold[0])) + 1) + eps)
+    segment = (u > breaks[0]).to(torch.int64)
+    for k in range(1, breaks.shape[0]):
+        segment = segment + (u > breaks[k]).to(torch.int64)
+    return slope[segment, head] * u + icpt[segment, head]
 
 
 class FIRELayer(nn.Module):
@@ -22,23 +52,50 @@ class FIRELayer(nn.Module):
         self.register_buffer("init_l", torch.tensor(init_l), persistent=False)
         self.eps = eps
 
-    def psi(self, x: Tensor) -> Tensor:
-        return torch.log(torch.abs(self.c * x) + 1)
+    def pieces(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Sorted breakpoints [K] and the slope / intercept of each of the K + 1 segments, [K + 1, H]."""
+        w1, b1 = self.mlp[0].weight[:, 0], self.mlp[0].bias
+        w2, b2 = self.mlp[2].weight, self.mlp[2].bias
+        k = w1.shape[0]
+        with torch.no_grad():
+            flat = w1 == 0                                        # constant units: active iff b1 > 0
+            breaks = torch.where(flat, torch.inf, -b1 / torch.where(flat, torch.ones_like(w1), w1))
+            order = breaks.argsort()
+            rank = torch.empty_like(order)
+            rank[order] = torch.arange(k, device=order.device)
+            below = rank[None, :] < torch.arange(k + 1, device=rank.device)[:, None]   # [K + 1, K]
+            active = torch.where(w1 > 0, below, torch.where(w1 < 0, ~below, b1 > 0)).to(w1.dtype)
+        slope = (active * w1) @ w2.T
+        icpt = (active * b1) @ w2.T + b2
+        return breaks[order].contiguous(), slope, icpt
 
-    def forward(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def score_bias(self) -> ScoreBias:
+        breaks, slope, icpt = self.pieces()
+        threshold = torch.abs(self.l_mult * self.init_l).view(1)
+        return ScoreBias(partial(fire_bias, eps=self.eps),
+                         (self.c.view(1), self.c.view(1), threshold, breaks, slope, icpt))
+
+    def mlp_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """The definition, through the MLP itself (``[B, H, Nq, Nk]``): the reference the pieces are tested
+        against."""
         q = q_pos.to(self.c.dtype)[:, :, None]
         k = k_pos.to(self.c.dtype)[:, None, :]
         threshold = torch.abs(self.l_mult * self.init_l)
-        normalised = self.psi(q - k) / (self.psi(torch.maximum(q, threshold)) + self.eps)  # [B, Nq, Nk]
-        return self.mlp(normalised[..., None]).permute(0, 3, 1, 2)  # [B, H, Nq, Nk]
+
+        def psi(x: Tensor) -> Tensor:
+            return torch.log(torch.abs(self.c * x) + 1)
+
+        normalised = psi(q - k) / (psi(torch.maximum(q, threshold)) + self.eps)
+        return self.mlp(normalised[..., None]).permute(0, 3, 1, 2)
 
 
 class FIRE(PositionalEncoding):
     name = "fire"
     description = "functional interpolation: learned MLP bias of log-scaled, progressively normalised distance"
     relative = True  # only while positions stay below L
-    has_bias = True
     defaults = {"hidden": 32, "c": 0.1, "init_l": 512.0, "eps": 1e-6}
+    # c = 0 would never move (psi's gradient in c is zero there)
+    limits = {"hidden": at_least(1), "c": positive(), "init_l": positive(), "eps": Bound(low=0)}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -46,5 +103,5 @@ class FIRE(PositionalEncoding):
         self.layers = nn.ModuleList(
             FIRELayer(self.n_heads, o["hidden"], o["c"], o["init_l"], o["eps"]) for _ in range(self.n_layers))
 
-    def bias(self, layer: int, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        return self.layers[layer](q_pos, k_pos)
+    def score_bias(self, layer: int) -> ScoreBias:
+        return self.layers[layer].score_bias()

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from posbench.encodings.base import rope_cos_sin
+from posbench.encodings.options import at_least, positive
 from posbench.encodings.rope import RoPE, apply_rotary
 
 
@@ -27,6 +28,7 @@ class RandPE(RoPE):
     description = "RoPE at sorted random positions drawn from 2x the training length"
     relative = False  # random positions while training; relative (plain RoPE) at eval
     defaults = {"theta": 10000.0, "range_factor": 2, "per_layer": False, "eval_random": False}
+    limits = {"theta": positive(), "range_factor": at_least(1)}
 
     def sample_positions(self, positions: Tensor) -> Tensor:
         n = positions.shape[-1]

@@ -10,12 +10,11 @@ TAPE only; turn it on here to remove that confound from a RoPE vs TAPE compariso
 
 from __future__ import annotations
 
-import random
-
 import torch
 from torch import Tensor
 
 from posbench.encodings.base import PositionalEncoding, rope_cos_sin, rotate_half
+from posbench.encodings.options import positive
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -24,9 +23,10 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def training_offset(module: torch.nn.Module, positions: Tensor, enabled: bool, max_seq_len: int) -> Tensor:
-    """The reference's random shift: one k ~ U{0..2L} per forward pass while training (Python's RNG)."""
+    """The reference's random shift: one k ~ U{0..2L} per forward pass while training. Drawn with torch's
+    generator on the positions' device (no host sync, no graph break under ``torch.compile``)."""
     if enabled and module.training:
-        return positions + random.randint(0, 2 * max_seq_len)
+        return positions + torch.randint(0, 2 * max_seq_len + 1, (), device=positions.device)
     return positions
 
 
@@ -35,6 +35,7 @@ class RoPE(PositionalEncoding):
     description = "rotary embedding, half-split layout, theta 10000"
     relative = True
     defaults = {"theta": 10000.0, "scale": 1.0, "random_offset": False}
+    limits = {"theta": positive(), "scale": positive()}
 
     def positions_for(self, positions: Tensor) -> Tensor:
         """Positions actually rotated (subclasses randomise them)."""

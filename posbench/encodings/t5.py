@@ -3,6 +3,11 @@
 d = max(i - j, 0). Buckets 0..B/2-1 are exact distances; the other B/2 are log-spaced up to
 ``max_distance`` and clamp to B - 1 beyond it. B = 64 and max_distance = 128 as in the reference's
 config (T5 itself used 32 buckets); one table per layer, initialised N(0, 0.02).
+
+Every distance from ``max_distance`` on falls in the last bucket, so the bias is a lookup in a small
+per-distance table: row d (d < max_distance) is the table row of bucket(d), row ``max_distance`` the last
+bucket's. That table is gathered from the bucket table by autograd (gradients flow back to the buckets), and
+the attention kernel reads it with one index per score: no sequence x sequence tensor of buckets.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import math
 import torch
 from torch import Tensor, nn
 
+from posbench.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
+from posbench.encodings.options import at_least
 
 
 def causal_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
@@ -25,19 +32,30 @@ def causal_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tens
     return torch.where(distance < exact, distance, large)
 
 
+def t5_bias(head: Tensor, q_pos: Tensor, k_pos: Tensor, by_distance: Tensor) -> Tensor:
+    """``by_distance`` ``[max_distance + 1, H]``: the bias of distances 0..max_distance (and beyond)."""
+    last = by_distance.shape[0] - 1
+    return by_distance[torch.clamp(q_pos - k_pos, 0, last), head]
+
+
 class T5Bias(PositionalEncoding):
     name = "t5"
     description = "T5 learned relative bias, causal, 64 log buckets up to distance 128"
     relative = True
-    has_bias = True
     defaults = {"num_buckets": 64, "max_distance": 128}
+    limits = {"num_buckets": at_least(2), "max_distance": at_least(2)}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.tables = nn.ModuleList(
-            nn.Embedding(self.options["num_buckets"], self.n_heads) for _ in range(self.n_layers))
+        buckets, max_distance = self.options["num_buckets"], self.options["max_distance"]
+        if max_distance <= buckets // 2:
+            from posbench.encodings.options import EncodingOptionError
 
-    def bias(self, layer: int, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        buckets = causal_bucket(q_pos[:, :, None] - k_pos[:, None, :],
-                                self.options["num_buckets"], self.options["max_distance"])
-        return self.tables[layer](buckets).permute(0, 3, 1, 2)  # [B, H, Nq, Nk]
+            raise EncodingOptionError(f"encoding 't5' option max_distance={max_distance} is out of range: it must "
+                                      f"be > num_buckets / 2 ({buckets // 2}), where the log buckets start")
+        self.tables = nn.ModuleList(nn.Embedding(buckets, self.n_heads) for _ in range(self.n_layers))
+        self.register_buffer("distance_buckets", causal_bucket(torch.arange(max_distance + 1), buckets,
+                                                               max_distance), persistent=False)
+
+    def score_bias(self, layer: int) -> ScoreBias:
+        return ScoreBias(t5_bias, (self.tables[layer](self.distance_buckets),))

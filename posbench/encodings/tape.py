@@ -26,8 +26,15 @@ Deliberate choices, each an option:
 
 The state after the last layer is discarded (as in the reference), so the last layer neither appends the
 state to its values nor updates it. Its TAPE parameters exist, so the parameter count is the paper's
-L * (d_model*I + 2*H*I + H*H), but they never reach the loss and get no gradient (also as in the reference,
-where they are computed and then dropped).
+L * (d_model*I + 2*H*I + H*H), but they never reach the loss: ``unused_parameters()`` lists them and the
+model freezes them.
+
+The tied state. The state starts as RoPE's table, whose two halves are equal (C_f = C_{f+F}, S_f = S_{f+F}),
+and both updates apply the same coefficients to every channel, so the halves stay equal for ever. The state
+is therefore carried tied: ``[c | s]``, each half of C and S, ``[B, H, N, D]`` instead of ``[B, H, N, 2D]``,
+which halves what is appended to the values and what the MLP-side update mixes. ``rotate`` also takes the
+untied ``[C | S]`` layout (``untie(state)``), which a state that was transformed with a reflection needs
+(its halves differ); every other hook works on either width alike.
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posbench.encodings.base import EncodingOptionError, PositionalEncoding, rope_cos_sin, rotate_half
+from posbench.encodings.base import PositionalEncoding, rope_angles, rotate_half
+from posbench.encodings.options import OneOf, at_least, positive
 from posbench.encodings.rope import training_offset
 
 
@@ -54,7 +62,8 @@ class TAPELayer(nn.Module):
         return self.gate.sum(-1) if self.gate.dim() == 2 else self.gate
 
     def mlp_update(self, mlp_out: Tensor, state: Tensor) -> Tensor:
-        """dE for the stacked state ``[B, H, N, 2D]`` from the MLP output ``[B, N, d_model]``.
+        """dE for a state ``[B, H, N, W]`` (any width W: every channel is treated alike) from the MLP output
+        ``[B, N, d_model]``.
 
         dE[h] = sum_p W_down[h, p] g[p] sum_h' W_up[p, h'] E[h'] = sum_h' M[h, h'] E[h'], with one H x H
         mixing matrix per token, M = W_down diag(g) W_up: the same sum, without an I-channel copy of the state.
@@ -64,17 +73,22 @@ class TAPELayer(nn.Module):
         return torch.einsum("bnhk,bknd->bhnd", mix, state)
 
 
+def untie(state: Tensor) -> Tensor:
+    """The tied state ``[c | s]`` ``[..., D]`` as the full ``[C | S]`` ``[..., 2D]``, halves duplicated."""
+    c, s = state.chunk(2, dim=-1)
+    return torch.cat((c, c, s, s), dim=-1)
+
+
 class TAPE(PositionalEncoding):
     name = "tape"
     description = "contextualised equivariant positional encoding (RoPE-initialised state updated per layer)"
     relative = True  # at eval: shifting positions rotates the state equivariantly
     defaults = {"position_size": 0, "gate": "rowsum", "random_offset": True, "theta": 10000.0, "scale": 1.0}
+    limits = {"position_size": at_least(0), "gate": OneOf(("rowsum", "scalar")), "theta": positive(),
+              "scale": positive()}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.options["gate"] not in {"rowsum", "scalar"}:
-            raise EncodingOptionError(
-                f"encoding 'tape' option gate must be 'rowsum' or 'scalar', got {self.options['gate']!r}")
         if self.options["position_size"] <= 0:
             self.options["position_size"] = 4 * self.n_heads
         self.layers = nn.ModuleList(
@@ -87,16 +101,25 @@ class TAPE(PositionalEncoding):
             nn.init.zeros_(layer.up_proj.weight)
 
     def init_state(self, positions: Tensor) -> Tensor:
-        """The state as one tensor ``[B, H, N, 2D]`` = [C | S]."""
+        """The tied state ``[B, H, N, D]`` = [cos | sin] of RoPE's angles (D/2 each), every head alike."""
         positions = training_offset(self, positions, self.options["random_offset"], self.max_seq_len)
-        cos, sin = rope_cos_sin(positions.to(torch.float64) / self.options["scale"], self.head_dim,
-                                self.options["theta"])
-        state = torch.cat((cos, sin), dim=-1)                              # [B, N, 2D]
+        angles = rope_angles(positions.to(torch.float64) / self.options["scale"], self.head_dim,
+                             self.options["theta"])
+        state = torch.cat((angles.cos(), angles.sin()), dim=-1).to(torch.float32)   # [B, N, D]
         return state[:, None].expand(-1, self.n_heads, -1, -1)
 
     def rotate(self, layer: int, q: Tensor, k: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-        cos, sin = state.to(q.dtype).chunk(2, dim=-1)
+        state = state.to(q.dtype)
+        if state.shape[-1] == self.head_dim:                    # tied: q~ = (q1 c - q2 s, q2 c + q1 s)
+            c, s = state.chunk(2, dim=-1)
+            return self._rotate_tied(q, c, s), self._rotate_tied(k, c, s)
+        cos, sin = state.chunk(2, dim=-1)                       # untied: q * C + rotate_half(q) * S
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    @staticmethod
+    def _rotate_tied(x: Tensor, c: Tensor, s: Tensor) -> Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
     def is_last(self, layer: int) -> bool:
         """The state after the last layer is discarded, so that layer's updates are skipped."""

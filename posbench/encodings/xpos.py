@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from posbench.encodings.base import PositionalEncoding, rope_cos_sin
+from posbench.encodings.options import positive
 from posbench.encodings.rope import apply_rotary
 
 
@@ -21,6 +22,7 @@ class XPos(PositionalEncoding):
     description = "RoPE with an exponential decay per frequency (gamma 0.4, scale base 2048)"
     relative = True
     defaults = {"theta": 10000.0, "gamma": 0.4, "scale_base": 2048.0}
+    limits = {"theta": positive(), "gamma": positive(), "scale_base": positive()}   # gamma 0: zeta_0 = 0
 
     def zeta(self, device=None) -> Tensor:
         d, gamma = self.head_dim, self.options["gamma"]

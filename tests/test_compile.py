@@ -1,0 +1,94 @@
+"""``torch.compile``: every encoding's model is one graph for all its layers (no recompilation per layer, no
+graph break), and compiled FlexAttention on this CPU computes what eager attention computes.
+
+Graph counts use dynamo's ``CompileCounter`` backend (it counts the graphs dynamo hands to a backend without
+generating code, so the check costs seconds). The compiled-FlexAttention checks run Inductor's CPU code
+generation (a few seconds each); tolerance 1e-5 relative to the largest entry (float32).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter
+
+from posbench.attention import attend
+
+from encoding_helpers import one_thread  # noqa: F401 (a fixture)
+from encoding_helpers import BUILTIN, assert_close, seeded, tiny, tokens
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("encoding", BUILTIN)
+def test_a_compiled_model_is_one_graph_for_all_layers(encoding):
+    model = tiny(encoding, layers=4, d_model=64, heads=4).train()
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, fullgraph=True)   # fullgraph: a graph break fails
+    for step in range(3):                                             # training steps: the first compiles
+        compiled(tokens(2, 12, seed=step)).logsumexp(-1).mean().backward()
+    assert counter.frame_count == 1, "one graph for the whole training forward, all four layers in it"
+    model.eval()
+    with torch.no_grad():
+        compiled(tokens(2, 12))
+        compiled(tokens(2, 12, seed=5))
+    assert counter.frame_count == 2, "evaluation mode is the one other graph"
+
+
+def test_compiled_tape_trains_like_eager():
+    """AOT autograd traces TAPE's forward and backward as one graph each; the step equals eager (the same
+    random offset: both draw it from torch's generator)."""
+    eager = tiny("tape", layers=3)
+    twin = tiny("tape", layers=3)
+    twin.load_state_dict(eager.state_dict())
+    counter = CompileCounter()
+
+    def backend(gm, example_inputs):
+        counter(gm, example_inputs)
+        from torch._dynamo.backends.common import aot_autograd
+        return aot_autograd(fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g)(gm, example_inputs)
+
+    compiled = torch.compile(twin, backend=backend, fullgraph=True)
+    x = tokens(2, 12)
+    for model in (eager, compiled):
+        seeded(model, x, seed=4).logsumexp(-1).mean().backward()
+    assert counter.frame_count == 1
+    for (name, p), q in zip(eager.named_parameters(), twin.parameters()):
+        if p.grad is None:
+            assert q.grad is None, name
+        else:
+            assert_close(q.grad, p.grad, rel=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire", "tape"])
+def test_compiled_flex_attention_on_cpu_equals_eager(encoding):
+    """One attention layer's q, k, v and bias (or TAPE's widened values), through Inductor-compiled
+    FlexAttention on the CPU and through eager attention. Head size 16 (FlexAttention's CUDA minimum)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from posbench.attention import _block_mask
+
+    options = {"init_l": 8.0} if encoding == "fire" else {}     # FIRE: queries on both sides of L
+    model = tiny(encoding, layers=2, d_model=64, heads=4, max_seq_len=64, encoding_options=options)
+    pe = model.encoding
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 40, 16, generator=g), torch.randn(2, 4, 40, 16, generator=g)
+    v = torch.randn(2, 4, 40, 32 if encoding == "tape" else 16, generator=g)
+    positions = torch.arange(40)[None] + 3
+    score_bias = pe.score_bias(0)
+    with torch.no_grad():
+        expected = attend(q, k, v, score_bias, "eager", q_pos=positions, k_pos=positions)
+        score_mod = score_bias.score_mod(positions, positions) if score_bias is not None else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = torch.compile(flex_attention)(q, k, v, score_mod=score_mod, block_mask=_block_mask(40, 40, "cpu"))
+    assert_close(got, expected)

@@ -1,0 +1,160 @@
+"""Biases stated element-wise (``ScoreBias``): the function evaluated one score at a time, as a FlexAttention
+kernel does, equals the materialised tensor, and both equal each encoding's definition, values and gradients.
+
+Tolerances: float32 1e-6 relative for per-element evaluation against the materialised tensor (the same
+operations); float64 1e-12 for FIRE's pieces against its MLP (a different but exact evaluation).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posbench.encodings import ENCODINGS
+from posbench.encodings.t5 import causal_bucket
+
+from encoding_helpers import one_thread  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+HEADS, HEAD_DIM = 4, 8
+BIASED = [name for name in sorted(ENCODINGS) if ENCODINGS[name].has_bias]
+
+
+def build(name: str, dtype=torch.float32, **options):
+    torch.manual_seed(0)
+    pe = ENCODINGS[name](2, HEADS, HEAD_DIM, HEADS * HEAD_DIM, 16, **options).to(dtype)
+    with torch.no_grad():                       # non-trivial values everywhere, zero-initialised biases too
+        for p in pe.parameters():
+            p.copy_(torch.randn(p.shape, dtype=dtype) * 0.5 + (0.3 if p.dim() == 0 else 0.0))
+    return pe
+
+
+def test_the_biased_encodings_are_alibi_fire_t5():
+    assert BIASED == ["alibi", "fire", "t5"]
+    assert not any(ENCODINGS[n].has_bias for n in ("rope", "randpe", "xpos", "nope", "tape"))
+
+
+@pytest.mark.parametrize("name", BIASED)
+@pytest.mark.parametrize("rows", ["shared", "per-row"])
+def test_score_mod_one_score_at_a_time_equals_the_materialised_bias(name, rows):
+    """The kernel's view: score_mod called with 0-d index tensors, once per (b, h, i, j)."""
+    pe = build(name, init_l=6.0) if name == "fire" else build(name)   # FIRE: queries on both sides of L
+    layer = 1
+    score_bias = pe.score_bias(layer)
+    if rows == "shared":
+        q_pos, k_pos = torch.tensor([[3, 5, 9, 130]]), torch.tensor([[0, 1, 3, 5, 9, 130]])
+    else:
+        q_pos = torch.tensor([[3, 5, 9, 130], [0, 2, 4, 6]])
+        k_pos = torch.tensor([[0, 1, 3, 5, 9, 130], [0, 1, 2, 3, 4, 5]])
+    dense = score_bias.materialise(HEADS, q_pos, k_pos)
+    assert dense.shape == (q_pos.shape[0], HEADS, 4, 6)
+    mod = score_bias.score_mod(q_pos, k_pos)
+    with torch.no_grad():
+        for b in range(q_pos.shape[0]):
+            for h in range(HEADS):
+                for i in range(4):
+                    for j in range(6):
+                        got = mod(torch.tensor(0.0), torch.tensor(b), torch.tensor(h), torch.tensor(i),
+                                  torch.tensor(j))
+                        assert got.item() == pytest.approx(dense[b, h, i, j].item(), rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", BIASED)
+def test_bias_is_the_materialised_score_bias(name):
+    pe = build(name)
+    q_pos, k_pos = torch.tensor([[2, 7]]), torch.tensor([[0, 2, 7]])
+    torch.testing.assert_close(pe.bias(0, q_pos, k_pos), pe.score_bias(0).materialise(HEADS, q_pos, k_pos),
+                               rtol=0, atol=0)
+
+
+# ---- T5: a per-distance table gathered from the bucket table ------------------------------------------------
+def test_t5_distance_table_is_the_bucket_table_at_every_distance():
+    t5 = build("t5")
+    table = t5.tables[1].weight
+    q_pos = torch.arange(0, 700, 7)[None]
+    k_pos = torch.arange(0, 700)[None]
+    dense = t5.bias(1, q_pos, k_pos)[0]                                  # [H, Nq, Nk]
+    distance = q_pos[0][:, None] - k_pos[0][None, :]
+    expected = table[causal_bucket(distance, 64, 128)].permute(2, 0, 1)  # the bucket table, read directly
+    torch.testing.assert_close(dense, expected, rtol=0, atol=0)
+
+
+def test_t5_gradient_reaches_the_bucket_table():
+    """d loss / d table[bucket, h] = the sum of the upstream gradient over the pairs in that bucket."""
+    t5 = build("t5", dtype=torch.float64)
+    q_pos, k_pos = torch.arange(0, 300, 3)[None], torch.arange(0, 300)[None]
+    upstream = torch.randn(1, HEADS, 100, 300, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    (t5.bias(0, q_pos, k_pos) * upstream).sum().backward()
+    buckets = causal_bucket(q_pos[0][:, None] - k_pos[0][None, :], 64, 128)
+    expected = torch.zeros(64, HEADS, dtype=torch.float64)
+    expected.index_add_(0, buckets.flatten(), upstream[0].permute(1, 2, 0).reshape(-1, HEADS))
+    torch.testing.assert_close(t5.tables[0].weight.grad, expected, rtol=1e-12, atol=1e-12)
+
+
+# ---- FIRE: the MLP as exact linear pieces ---------------------------------------------------------------------
+def fire_with_awkward_units():
+    """Every kind of hidden unit: rising (w1 > 0), falling (w1 < 0), constant on (w1 = 0, b1 > 0) and off
+    (w1 = 0, b1 < 0), breakpoints inside and outside [0, 1], and two equal breakpoints."""
+    fire = build("fire", dtype=torch.float64, init_l=6.0)
+    layer = fire.layers[1]
+    with torch.no_grad():
+        w1 = layer.mlp[0].weight[:, 0]
+        b1 = layer.mlp[0].bias
+        w1[0], b1[0] = 0.0, 0.7
+        w1[1], b1[1] = 0.0, -0.4
+        w1[2], b1[2] = 2.0, -1.0           # breakpoint 0.5
+        w1[3], b1[3] = 4.0, -2.0           # breakpoint 0.5 as well
+        w1[4], b1[4] = -3.0, 0.9           # falling, breakpoint 0.3
+        layer.c.fill_(0.3)
+        layer.l_mult.fill_(-1.0)           # L = |-1 x 6| = 6
+    return fire, layer
+
+
+def fire_positions():
+    q_pos = torch.tensor([[0, 3, 5, 6, 7, 11, 40]])       # below, at and above L = 6
+    k_pos = torch.tensor([[0, 1, 3, 5, 6, 10, 39]])
+    return q_pos, k_pos
+
+
+def test_fire_pieces_equal_the_mlp_values_and_gradients():
+    fire, layer = fire_with_awkward_units()
+    q_pos, k_pos = fire_positions()
+    upstream = torch.randn(1, HEADS, 7, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    grads = {}
+    for how in ("mlp", "pieces"):
+        layer.zero_grad(set_to_none=True)
+        bias = layer.mlp_bias(q_pos, k_pos) if how == "mlp" else fire.bias(1, q_pos, k_pos)
+        (bias * upstream).sum().backward()
+        grads[how] = (bias.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()})
+    torch.testing.assert_close(grads["pieces"][0], grads["mlp"][0], rtol=1e-12, atol=1e-12)
+    assert grads["mlp"][1].keys() == {"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias", "c", "l_mult"}
+    for name, grad in grads["mlp"][1].items():
+        assert grad.abs().max() > 0 or name == "l_mult", name     # the test exercises every path
+        torch.testing.assert_close(grads["pieces"][1][name], grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_fire_threshold_gets_a_gradient_below_it():
+    """L_mult reaches the bias only for queries below L (there the normaliser is psi(L))."""
+    fire, layer = fire_with_awkward_units()
+    (fire.bias(1, torch.tensor([[2, 3]]), torch.tensor([[0, 1]])).sum()).backward()
+    assert layer.l_mult.grad.abs() > 0
+    layer.zero_grad(set_to_none=True)
+    (fire.bias(1, torch.tensor([[20, 30]]), torch.tensor([[0, 1]])).sum()).backward()
+    assert layer.l_mult.grad is None or layer.l_mult.grad.abs() == 0
+
+
+def test_fire_pieces_are_sorted_and_cover_every_unit():
+    fire, layer = fire_with_awkward_units()
+    breaks, slope, icpt = layer.pieces()
+    assert breaks.shape == (32,) and slope.shape == icpt.shape == (33, HEADS)
+    finite = breaks[torch.isfinite(breaks)]
+    assert (finite.diff() >= 0).all() and torch.isinf(breaks[-2:]).all()    # the two w1 = 0 units last
+    # on each segment the pieces equal the MLP at the segment's midpoint (the definition, by hand)
+    w1, b1 = layer.mlp[0].weight[:, 0].detach(), layer.mlp[0].bias.detach()
+    w2, b2 = layer.mlp[2].weight.detach(), layer.mlp[2].bias.detach()
+    edges = torch.cat((finite[:1] - 1, finite, finite[-1:] + 1))
+    for s in range(len(edges) - 1):
+        u = (edges[s] + edges[s + 1]) / 2
+        expected = w2 @ torch.relu(w1 * u + b1) + b2
+        torch.testing.assert_close(slope[s].detach() * u + icpt[s].detach(), expected, rtol=1e-12, atol=1e-12)
