@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from posbench.commands import compare, ls, run, score
+from posbench.commands import bench, compare, ls, run, score
 from posbench.commands.common import err
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app.command("run", epilog=run.RUN_EPILOG)(run.run)
 app.command("ls", epilog=ls.LS_EPILOG)(ls.ls)
 app.command("compare", epilog=compare.COMPARE_EPILOG)(compare.compare)
 app.command("score", epilog=score.SCORE_EPILOG)(score.score)
+app.command("bench", epilog=bench.BENCH_EPILOG)(bench.bench)
 
 
 # ---- entry point -------------------------------------------------------------------------------------------

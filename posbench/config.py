@@ -216,6 +216,7 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
     apply_overrides(sections, parsed)
     _check_train(sections["train"])
     _check_model(sections["model"])
+    _check_encoding(encoding_cls, sections["encoding"])
     return RunConfig(task=task, encoding=encoding, preset=preset, seed=0 if seed is None else int(seed),
                      device=device or "auto", init=str(init) if init is not None else None,
                      model=sections["model"], encoding_options=sections["encoding"], train=sections["train"],
@@ -248,6 +249,13 @@ def _check_train(train: dict[str, Any]) -> None:
     for key in ("batch_size", "lr"):
         if train[key] <= 0:
             raise ConfigError(f"train.{key} must be positive, got {train[key]}")
+
+
+def _check_encoding(encoding_cls: Any, options: dict[str, Any]) -> None:
+    """Types and valid ranges of the encoding's options, before any run directory exists."""
+    from posbench.encodings.options import resolve_options
+
+    resolve_options(encoding_cls.name, encoding_cls.defaults, options, encoding_cls.limits)
 
 
 def _check_model(model: dict[str, Any]) -> None:

@@ -70,7 +70,7 @@ class TAPELayer(nn.Module):
         """
         g = F.silu(self.x_proj(mlp_out))                                        # [B, N, I]
         mix = (self.down_proj.weight * g[..., None, :]) @ self.up_proj.weight   # [B, N, H, H]
-        return torch.einsum("bnhk,bknd->bhnd", mix, state)
+        return (mix @ state.transpose(1, 2)).transpose(1, 2)                    # [B, N, H, W] -> [B, H, N, W]
 
 
 def untie(state: Tensor) -> Tensor:

@@ -1,0 +1,133 @@
+"""``posbench bench``: the result it writes, its FLOP count and MFU by hand, ratios to RoPE, out-of-memory cells,
+decoding, and one-line errors. Timings themselves are not asserted (speed targets live in the benchmark)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from posbench import bench
+from posbench.bench import BenchConfig, BenchError, device_peak, flops_per_token, run_bench
+from posbench.cli import main
+from posbench.model import ModelConfig, Transformer
+
+from encoding_helpers import one_thread  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = dict(size="small", lengths=[16], batch=[2], warmup=1, steps=2, threads=1)
+
+
+def test_a_run_writes_the_efficiency_result(tmp_path):
+    cfg = BenchConfig(encodings=["tape", "alibi"], **TINY)
+    assert cfg.encodings == ["rope", "tape", "alibi"]           # RoPE is always measured: ratios are to it
+    run_dir, result = run_bench(cfg, tmp_path, command=["posbench", "bench"])
+    assert run_dir.parent == tmp_path / "bench" / "train"
+    assert json.loads((run_dir / "result.json").read_text()) == result
+    assert result["task"] == "bench" and result["encoding"] == "rope,tape,alibi" and result["metrics"] == {}
+    info = result["bench"]
+    assert info["timer"] == "perf_counter" and info["unit"] == "ms/step" and info["peak_tflops"] is None
+    cells = {c["encoding"]: c for c in info["cells"]}
+    assert set(cells) == {"rope", "tape", "alibi"}
+    for cell in cells.values():
+        assert cell["status"] == "ok" and len(cell["ms_all"]) == 2 and cell["ms"] > 0
+        assert cell["ms"] == pytest.approx(sorted(cell["ms_all"])[0] / 2 + sorted(cell["ms_all"])[1] / 2)
+        assert cell["tokens_per_s"] == pytest.approx(2 * 16 / (cell["ms"] / 1000))
+        assert cell["x_rope"] == pytest.approx(cell["ms"] / cells["rope"]["ms"])
+        assert cell["mfu"] is None and cell["peak_gib"] is None          # no peak known for a CPU
+    assert cells["rope"]["x_rope"] == 1.0
+    assert cells["tape"]["params"] > cells["rope"]["params"]
+
+
+def test_flop_count_by_hand():
+    """PaLM's count: 6 N + 12 L d S per trained token, N without the input embedding table."""
+    model = Transformer(ModelConfig(vocab_size=100, d_model=32, n_layers=3, n_heads=4, d_ff=64, encoding="rope"))
+    per_layer = 4 * 32 * 32 + 3 * 32 * 64 + 2 * 32                    # q, k, v, o; gate, up, down; two norms
+    n = 3 * per_layer + 32 + 100 * 32                                  # + final norm + output head
+    assert bench.matmul_parameters(model) == n
+    assert flops_per_token(model, 128, "train") == 6 * n + 12 * 3 * 32 * 128
+    assert flops_per_token(model, 128, "forward") == (6 * n + 12 * 3 * 32 * 128) / 3
+
+
+def test_mfu_with_a_given_peak(tmp_path):
+    cfg = BenchConfig(encodings=["rope"], peak_tflops=0.5, **TINY)
+    _, result = run_bench(cfg, tmp_path)
+    cell = result["bench"]["cells"][0]
+    assert result["bench"]["peak_source"] == "given with --peak-tflops"
+    assert cell["mfu"] == pytest.approx(cell["flops_per_token"] * cell["tokens_per_s"] / 0.5e12)
+
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                        ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+                                        ("Some Future GPU", None)])
+def test_device_peaks_are_recognised(name, peak, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    found, source = device_peak(torch.device("cuda"), None)
+    assert found == peak
+    assert ("dense bf16" in source) if peak else ("--peak-tflops" in source)
+    assert device_peak(torch.device("cpu"), None)[0] is None
+
+
+def test_an_out_of_memory_cell_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
+    real = bench.make_step
+
+    def make_step(cfg, model, length, batch, device, precision):
+        step = real(cfg, model, length, batch, device, precision)
+        if model.config.encoding != "fire":
+            return step
+
+        def explode():
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
+        return explode
+
+    monkeypatch.setattr(bench, "make_step", make_step)
+    _, result = run_bench(BenchConfig(encodings=["fire", "nope"], **TINY), tmp_path)
+    cells = {c["encoding"]: c for c in result["bench"]["cells"]}
+    assert cells["fire"]["status"] == "oom" and cells["fire"]["ms"] is None and "out of memory" in cells["fire"]["error"]
+    assert cells["nope"]["status"] == "ok" and cells["rope"]["status"] == "ok"
+
+
+def test_decode_and_forward_modes(tmp_path):
+    for mode in ("decode", "forward"):
+        _, result = run_bench(BenchConfig(encodings=["tape"], mode=mode, new_tokens=3, **TINY), tmp_path)
+        assert result["bench"]["unit"] == ("ms/token" if mode == "decode" else "ms/step")
+        cells = result["bench"]["cells"]
+        assert [c["status"] for c in cells] == ["ok", "ok"] and all(c["ms"] > 0 for c in cells)
+        if mode == "decode":
+            assert all(c["tokens_per_s"] == pytest.approx(2 / (c["ms"] / 1000)) for c in cells)
+
+
+def test_cli_prints_the_table_and_writes_the_result(tmp_path, capsys):
+    code = main(["bench", "-e", "alibi", "--lengths", "16", "--batch", "2", "--steps", "1", "--warmup", "0",
+                 "--threads", "1", "--out", str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "alibi" in out and "rope" in out and "x RoPE" in out
+    assert len(list((tmp_path / "bench" / "train").glob("*/result.json"))) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mode", "sideways"], "unknown mode 'sideways'; modes: train, forward, decode"),
+    (["--size", "huge"], "unknown size 'huge'; sizes: small, paper"),
+    (["--lengths", "16,32", "--batch", "1,2,3"], "--batch gives 3 values for 2 lengths"),
+    (["--lengths", "sixteen"], "--lengths expects integers separated by commas, got 'sixteen'"),
+    (["--lengths", "0"], "--lengths must be positive integers, got [0]"),
+    (["-e", "ropee"], "unknown encoding 'ropee'. Did you mean 'rope'?"),
+    (["--device", "cuda:7"], "device 'cuda:7'"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(args, message, tmp_path, capsys):
+    code = main(["bench", *args, "--steps", "1", "--warmup", "0", "--out", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("error: ") and message in err and "\n" not in err
+    assert not (tmp_path / "bench").exists()
+
+
+def test_batch_defaults_follow_the_lengths():
+    assert BenchConfig(encodings=["rope"], size="paper").batch == [16, 1]
+    assert BenchConfig(encodings=["rope"], size="paper", lengths=[2048]).batch == [16]
+    assert BenchConfig(encodings=["rope"], size="paper", lengths=[512, 1024, 2048], batch=[4]).batch == [4, 4, 4]
+    with pytest.raises(BenchError):
+        BenchConfig(encodings=["rope"], steps=0)

@@ -1,0 +1,142 @@
+"""On a CUDA device (skipped elsewhere; run with ``pytest -m gpu``): every backend's bf16 outputs and gradients
+against a float64 reference, FlexAttention training every biased encoding in bf16, memory without a
+sequence x sequence tensor, compiled models and cached decoding.
+
+Tolerances. bf16 keeps 8 bits of mantissa, so a bf16 result is compared with the float64 eager reference on
+the same weights and inputs, never with another bf16 result (two roundings add up). The tolerance is set from
+eager attention's own bf16 error on the same inputs: a backend passes when its relative error (Frobenius norm
+of the difference over the reference's) is at most ``ERROR_FACTOR`` times eager bf16's, plus 1e-3 absolute
+slack for cases where eager happens to be almost exact. Models use head size 32 (FlexAttention needs 16).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import posbench.attention as attention
+from posbench.model import ModelConfig, Transformer
+
+from encoding_helpers import BUILTIN, perturb_tape
+
+pytestmark = pytest.mark.gpu
+
+CUDA = torch.device("cuda")
+ERROR_FACTOR = 3.0
+BACKENDS = ["eager", "sdpa", "sdpa_split", "flex", "flash_attn"]
+
+
+def gpu_model(encoding: str, backend: str, *, layers: int = 2, d_model: int = 128, heads: int = 4,
+              max_seq_len: int = 128, dtype=torch.float32) -> Transformer:
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=64, d_model=d_model, n_layers=layers, n_heads=heads,
+                                    max_seq_len=max_seq_len, encoding=encoding, attention=backend, init_std=0.1))
+    if encoding == "tape":
+        perturb_tape(model, std=0.1)
+    if encoding in ("fire", "t5"):                       # make the learnable biases non-trivial
+        with torch.no_grad():
+            for p in model.encoding.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+    return model.to(CUDA, dtype).eval()
+
+
+def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+def forward_backward(model: Transformer, x: torch.Tensor, bf16: bool):
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(x)
+    logits.double().logsumexp(-1).mean().backward()
+    grads = torch.cat([p.grad.double().flatten() for p in model.parameters() if p.grad is not None])
+    return logits.detach(), grads
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("encoding", BUILTIN)
+def test_bf16_backend_against_a_float64_reference(encoding, backend):
+    if backend == "flash_attn" and not attention.flash_attn_available():
+        pytest.skip("flash-attn is not installed")
+    x = torch.randint(0, 64, (2, 96), generator=torch.Generator().manual_seed(1)).to(CUDA)
+    reference = gpu_model(encoding, "eager", dtype=torch.float64)
+    ref_logits, ref_grads = forward_backward(reference, x, bf16=False)
+    eager_logits, eager_grads = forward_backward(gpu_model(encoding, "eager"), x, bf16=True)
+    model = gpu_model(encoding, backend)
+    if backend == "flash_attn" and type(model.encoding).has_bias:
+        with pytest.raises(attention.BackendError):
+            model(x)
+        return
+    logits, grads = forward_backward(model, x, bf16=True)
+    eager_out, eager_grad = relative_error(eager_logits, ref_logits), relative_error(eager_grads, ref_grads)
+    out, grad = relative_error(logits, ref_logits), relative_error(grads, ref_grads)
+    assert out <= ERROR_FACTOR * eager_out + 1e-3, f"logits: {out:.2e} vs eager bf16 {eager_out:.2e}"
+    assert grad <= ERROR_FACTOR * eager_grad + 1e-3, f"gradients: {grad:.2e} vs eager bf16 {eager_grad:.2e}"
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire"])
+def test_flex_trains_a_biased_encoding_in_bf16_at_the_paper_head_size(encoding):
+    """Head size 64, 1024 tokens, three AdamW steps with compiled FlexAttention (the backward kernel must fit
+    the GPU's shared memory): the loss is finite and every bias parameter gets a non-zero gradient."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=512, d_model=256, n_layers=2, n_heads=4, max_seq_len=1024,
+                                    encoding=encoding, attention="flex")).to(CUDA).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 512, (2, 1025), device=CUDA)
+    for _ in range(3):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(x[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
+        loss.backward()
+        assert torch.isfinite(loss)
+        for name, p in model.encoding.named_parameters():
+            assert p.grad is not None and p.grad.abs().max() > 0, name
+        optimizer.step()
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire"])
+def test_a_biased_encoding_needs_no_sequence_by_sequence_tensor(encoding):
+    """Training at 8192 tokens: peak memory within 1.2x RoPE's. A materialised [H, N, N] float bias alone
+    would be 4 x 8192^2 x 4 bytes = 1 GiB per layer."""
+    peaks = {}
+    for name in ("rope", encoding):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(vocab_size=512, d_model=256, n_layers=2, n_heads=4, max_seq_len=8192,
+                                        encoding=name)).to(CUDA).train()
+        x = torch.randint(0, 512, (1, 8193), device=CUDA)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(x[:, :-1])
+        F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten()).backward()
+        torch.cuda.synchronize()
+        peaks[name] = torch.cuda.max_memory_allocated()
+        del model, logits
+    assert peaks[encoding] <= 1.2 * peaks["rope"], {k: v / 2**20 for k, v in peaks.items()}
+
+
+@pytest.mark.parametrize("encoding", BUILTIN)
+def test_compiled_model_on_cuda_matches_eager(encoding):
+    """Inductor-compiled training step (one graph for all layers) against the same model eager, both bf16:
+    each compared with the float64 reference, as above."""
+    torch._dynamo.reset()
+    x = torch.randint(0, 64, (2, 96), generator=torch.Generator().manual_seed(1)).to(CUDA)
+    ref_logits, _ = forward_backward(gpu_model(encoding, "eager", dtype=torch.float64), x, bf16=False)
+    eager_logits, _ = forward_backward(gpu_model(encoding, "auto"), x, bf16=True)
+    model = gpu_model(encoding, "auto")
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = compiled(x)
+    logits.float().logsumexp(-1).mean().backward()
+    assert relative_error(logits, ref_logits) <= ERROR_FACTOR * relative_error(eager_logits, ref_logits) + 1e-3
+
+
+@pytest.mark.parametrize("encoding", BUILTIN)
+def test_cached_decoding_on_cuda_equals_recomputation(encoding):
+    model = gpu_model(encoding, "auto")
+    prompt = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(2)).to(CUDA)
+    cached = model.generate(prompt, max_new_tokens=12)
+    full = model.generate(prompt, max_new_tokens=12, use_cache=False)
+    assert torch.equal(cached, full)

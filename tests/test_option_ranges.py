@@ -1,0 +1,52 @@
+"""Every encoding option states its valid range; a value outside it is refused as bad input (one line, exit
+code 2, nothing written) instead of training into a NaN."""
+
+from __future__ import annotations
+
+import pytest
+
+from posbench.cli import main
+from posbench.encodings import ENCODINGS
+from posbench.encodings.options import Bound, OneOf
+
+BUILTIN = ["alibi", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_every_non_boolean_option_has_a_range(name):
+    cls = ENCODINGS[name]
+    for key, default in cls.defaults.items():
+        if isinstance(default, bool):
+            continue
+        assert key in cls.limits, f"{name}.{key} states no valid range"
+        limit = cls.limits[key]
+        assert isinstance(limit, (Bound, OneOf))
+        assert limit.admits(default), f"{name}.{key}'s default {default!r} is outside {limit.describe()}"
+    assert set(cls.limits) <= set(cls.defaults)
+
+
+def test_bounds_by_hand():
+    positive = Bound(low=0, low_strict=True)
+    assert positive.describe() == "> 0"
+    assert [positive.admits(x) for x in (-1, 0, 1e-9, 5)] == [False, False, True, True]
+    assert not positive.admits(float("inf")) and not positive.admits(float("nan"))
+    closed = Bound(low=1, high=3)
+    assert closed.describe() == ">= 1 and <= 3"
+    assert [closed.admits(x) for x in (0.5, 1, 3, 3.5)] == [False, True, True, False]
+    assert OneOf(("a", "b")).describe() == "one of a, b" and not OneOf(("a", "b")).admits("c")
+
+
+@pytest.mark.parametrize("encoding, setting, message", [
+    ("rope", "encoding.theta=-3", "encoding 'rope' option theta=-3.0 is out of range: it must be > 0"),
+    ("tape", "encoding.scale=0", "encoding 'tape' option scale=0.0 is out of range: it must be > 0"),
+    ("fire", "encoding.hidden=0", "encoding 'fire' option hidden=0 is out of range: it must be >= 1"),
+    ("xpos", "encoding.scale_base=-1", "encoding 'xpos' option scale_base=-1.0 is out of range: it must be > 0"),
+])
+def test_the_cli_refuses_an_out_of_range_option_before_writing_anything(encoding, setting, message, tmp_path,
+                                                                         capsys):
+    code = main(["run", "-e", encoding, "-t", "arithmetic", "--preset", "tiny", "--set", setting,
+                 "--out", str(tmp_path / "results"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == f"error: {message}"
+    assert not (tmp_path / "results").exists()
