@@ -92,3 +92,19 @@ def test_compiled_flex_attention_on_cpu_equals_eager(encoding):
             warnings.simplefilter("ignore")
             got = torch.compile(flex_attention)(q, k, v, score_mod=score_mod, block_mask=_block_mask(40, 40, "cpu"))
     assert_close(got, expected)
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire"])
+def test_a_compiled_model_traces_flex_attention_in_its_one_graph(encoding):
+    """What a compiled model does on a GPU with a bias: the causal block mask and the encoding's score_mod are
+    traced inside the model's single graph (no graph break). Run here in inference, where FlexAttention works
+    on a CPU; the captured graph computes what eager attention computes (1e-5)."""
+    reference = tiny(encoding, layers=3, d_model=64, heads=4, attention="eager").eval()
+    model = tiny(encoding, layers=3, d_model=64, heads=4, attention="flex").eval()
+    model.load_state_dict(reference.state_dict())
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_close(compiled(tokens(2, 20)), reference(tokens(2, 20)))
+    assert counter.frame_count == 1
