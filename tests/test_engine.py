@@ -105,7 +105,7 @@ def test_resume_after_kill_gives_bitwise_equal_weights(tmp_path, encoding):
     killed = build(task)
     with pytest.raises(StopTraining):
         engine.train(killed, task.train_stream(), train_cfg, checkpoint_dir=tmp_path / "run", callbacks=[kill_at_5])
-    state = torch.load(tmp_path / "run" / "train_state.pt", weights_only=False)
+    state = json.loads((tmp_path / "run" / "train_state.json").read_text())
     assert state["step"] == 3                                   # the last checkpoint before the kill
     engine.seed_everything(123)                                 # a new process: different RNG, fresh model
     resumed = build(task, seed=99)
@@ -114,7 +114,7 @@ def test_resume_after_kill_gives_bitwise_equal_weights(tmp_path, encoding):
     a, b = weights(full), weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["model.safetensors", "model_config.json",
-                                                                   "train_state.pt"]
+                                                                   "optimizer.safetensors", "train_state.json"]
     assert not (tmp_path / "run.tmp").exists() and not (tmp_path / "run.old").exists()
 
 
@@ -155,7 +155,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
                      callbacks=[poison])
     message = str(err.value)
     assert "\n" not in message and "step 5" in message and "last good checkpoint: step 3" in message
-    state = torch.load(tmp_path / "ck" / "train_state.pt", weights_only=False)
+    state = json.loads((tmp_path / "ck" / "train_state.json").read_text())
     assert state["step"] == 3
     fresh = build(task)
     load_weights(fresh, tmp_path / "ck")
