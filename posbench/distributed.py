@@ -26,6 +26,7 @@ What the ranks share (see ``engine.train``):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import os
@@ -102,6 +103,7 @@ def setup(device: torch.device) -> tuple[Context, torch.device]:
     else:
         raise ConfigError(f"several processes need CUDA or CPU devices, not {device.type}")
     dist.init_process_group(backend)
+    atexit.register(shutdown)
     _CURRENT = Context(dist.get_rank(), dist.get_world_size(), local_rank, backend)
     return _CURRENT, _rank_device(device, _CURRENT)
 

@@ -26,7 +26,7 @@ from posbench.errors import ConfigError
 from posbench.data.char import EOS, PAD, CharTokenizer
 from posbench.engine import IGNORE_INDEX, Batch
 from posbench.results import Axis, Evaluation, Grid, Metric
-from posbench.tasks.base import SeededStream, Task, config_hash
+from posbench.tasks.base import IndexedStream, Task, config_hash
 
 TOKENIZER = CharTokenizer()
 
@@ -39,7 +39,7 @@ def random_operand(rng: np.random.Generator, digits: int) -> int:
         return int(rng.integers(0, 10))
     first = int(rng.integers(1, 10))
     rest = rng.integers(0, 10, size=digits - 1)
-    return int(str(first) + "".join(map(str, rest)))
+    return int(str(first) + (rest.astype(np.uint8) + 48).tobytes().decode("ascii"))
 
 
 def format_example(a: int, b: int) -> tuple[str, str]:
@@ -58,7 +58,8 @@ def sequence_length(max_digits: int) -> int:
 
 def encode_examples(pairs: list[tuple[int, int]], length: int) -> Batch:
     """Training tensors: inputs ``ids[:-1]``, targets ``ids[1:]`` masked up to and including ``=``,
-    right-padded to ``length - 1`` with PAD (ignored in the loss)."""
+    right-padded to ``length - 1`` with PAD (ignored in the loss). One example at a time, from Python
+    integers: the reference ``encode_digits`` is checked against."""
     n = length - 1
     tokens = torch.full((len(pairs), n), PAD, dtype=torch.long)
     targets = torch.full((len(pairs), n), IGNORE_INDEX, dtype=torch.long)
@@ -74,21 +75,91 @@ def encode_examples(pairs: list[tuple[int, int]], length: int) -> Batch:
     return Batch(tokens, targets)
 
 
-class AdditionStream(SeededStream):
-    """Bucketed training examples; batch k is a pure function of (seed, k)."""
+DIGIT0, PLUS, EQUALS = TOKENIZER.id_of("0"), TOKENIZER.id_of("+"), TOKENIZER.id_of("=")
+
+
+def random_digits(rng: np.random.Generator, lengths: np.ndarray, width: int) -> np.ndarray:
+    """Operands with exactly ``lengths [n, 2]`` digits, uniform (the same law as ``random_operand``), as
+    digit arrays ``[n, 2, width]`` least-significant first, zero beyond each length."""
+    digits = rng.integers(0, 10, size=(*lengths.shape, width), dtype=np.int8)
+    lead = rng.integers(1, 10, size=lengths.shape, dtype=np.int8)
+    column = np.arange(width)
+    length = lengths[..., None]
+    digits = np.where(column < length, digits, 0)
+    top = (column == length - 1) & (length > 1)       # the leading digit of a number of 2+ digits: 1-9
+    return np.where(top, lead[..., None], digits).astype(np.int8)
+
+
+def encode_digits(lengths: np.ndarray, digits: np.ndarray, length: int) -> Batch:
+    """``encode_examples`` for operands given as digit arrays (``random_digits``), vectorised with NumPy: the
+    sum with its carries, the reversed ``A+B=C`` + EOS layout, the PAD padding and the loss mask."""
+    n, width = len(lengths), digits.shape[-1]
+    la, lb = lengths[:, 0:1].astype(np.int64), lengths[:, 1:2].astype(np.int64)
+    pair_sum = digits[:, 0].astype(np.int16) + digits[:, 1]
+    total = np.zeros((n, width + 1), dtype=np.int16)
+    carry = np.zeros(n, dtype=np.int16)
+    for k in range(width):
+        column = pair_sum[:, k] + carry
+        carry = column // 10
+        total[:, k] = column - 10 * carry
+    total[:, width] = carry
+    longer = np.maximum(la, lb)
+    lc = longer + np.take_along_axis(total, longer, axis=1)       # one more digit if the last carry is 1
+    # one row of sources per example: [A digits | + | B digits | = | C digits | EOS | PAD], then each output
+    # column picks its source by the segment it falls in
+    ones = np.ones((n, 1), dtype=np.int16)
+    source = np.concatenate([digits[:, 0] + DIGIT0, PLUS * ones, digits[:, 1] + DIGIT0, EQUALS * ones,
+                             total + DIGIT0, EOS * ones, PAD * ones], axis=1)
+    col = np.arange(length)[None, :]
+    c_start = la + lb + 2                                   # the first answer digit
+    eos_at = c_start + lc
+    index = np.where(col < la, col, col - la + width)                                  # A, then + and B
+    index = np.where(col < c_start - 1, index, col - (c_start - 1) + 2 * width + 1)    # = and C
+    index = np.where(col < eos_at, index, np.where(col == eos_at, 3 * width + 3, 3 * width + 4))
+    ids = np.take_along_axis(source, index, axis=1).astype(np.int64)
+    if int(eos_at.max(initial=0)) >= length:
+        raise ValueError(f"example of {int(eos_at.max()) + 1} tokens exceeds the sequence length {length}")
+    input_col = col[:, :-1]
+    tokens = np.where(input_col < eos_at, ids[:, :-1], PAD)          # EOS is predicted, never an input
+    keep = (input_col >= c_start - 1) & (input_col < eos_at)       # from the prediction made at '=' to EOS
+    targets = np.where(keep, ids[:, 1:], IGNORE_INDEX)
+    return Batch(torch.from_numpy(tokens), torch.from_numpy(targets), target_count=int(keep.sum()))
+
+
+class AdditionStream(IndexedStream):
+    """Bucketed training examples: example g has operand lengths ``bucket_pairs[g mod P]`` and digits drawn
+    from (seed, g // BLOCK), so it is the same whatever the batch size or the number of processes."""
+
+    BLOCK = 256
+    TAG = 0x41444421      # keeps the training draws apart from the evaluation's (eval_seed, i, j) seeds
 
     def __init__(self, seed: int, train_digits: int):
         super().__init__(seed)
         self.pairs = bucket_pairs(train_digits)
+        self.lengths = np.array(self.pairs, dtype=np.int64)
+        self.digits = train_digits
         self.length = sequence_length(train_digits)
+        self._blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    def make_batch(self, rng: np.random.Generator, batch_size: int, index: int) -> Batch:
-        start = index * batch_size
-        operands = []
-        for g in range(start, start + batch_size):
-            i, j = self.pairs[g % len(self.pairs)]
-            operands.append((random_operand(rng, i), random_operand(rng, j)))
-        return encode_examples(operands, self.length)
+    def _block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        if block not in self._blocks:
+            if len(self._blocks) >= 4:
+                self._blocks.pop(next(iter(self._blocks)))
+            rng = np.random.default_rng(np.random.SeedSequence([self.seed, self.TAG, block]))
+            g = np.arange(block * self.BLOCK, (block + 1) * self.BLOCK)
+            lengths = self.lengths[g % len(self.lengths)]
+            self._blocks[block] = (lengths, random_digits(rng, lengths, self.digits))
+        return self._blocks[block]
+
+    def make_examples(self, start: int, count: int) -> Batch:
+        lengths, digits = [], []
+        for block in range(start // self.BLOCK, (start + count - 1) // self.BLOCK + 1):
+            lo = max(start, block * self.BLOCK) - block * self.BLOCK
+            hi = min(start + count, (block + 1) * self.BLOCK) - block * self.BLOCK
+            block_lengths, block_digits = self._block(block)
+            lengths.append(block_lengths[lo:hi])
+            digits.append(block_digits[lo:hi])
+        return encode_digits(np.concatenate(lengths), np.concatenate(digits), self.length)
 
 
 # ---- scoring -----------------------------------------------------------------------------------------------
