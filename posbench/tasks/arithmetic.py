@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from posbench.errors import ConfigError
-from posbench.data.char import EOS, PAD, CharTokenizer
+from posbench import distributed
+from posbench.data.char import BOS, EOS, PAD, SPECIALS, UNK, CharTokenizer
 from posbench.engine import IGNORE_INDEX, Batch
 from posbench.results import Axis, Evaluation, Grid, Metric
 from posbench.tasks.base import IndexedStream, Task, config_hash
@@ -285,36 +286,55 @@ class Arithmetic(Task):
         rng = np.random.default_rng(np.random.SeedSequence([self.opts["eval_seed"], i, j]))
         return [(random_operand(rng, i), random_operand(rng, j)) for _ in range(self.opts["eval_samples"])]
 
-    def evaluate(self, model, device: torch.device, reporter: Any) -> Evaluation:
-        top, train = self.eval_digits, self.opts["train_digits"]
-        cells = bucket_pairs(top)
-        by_length: dict[int, list[tuple[int, int]]] = defaultdict(list)   # prompts of equal length batch
-        for i, j in cells:
+    def eval_batches(self) -> list[list[tuple[tuple[int, int], int, int]]]:
+        """The evaluation examples ``(cell, a, b)`` in decoding batches: prompts of equal length (cells with
+        the same i + j) together, at most ``eval_batch_size`` per batch."""
+        by_length: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for i, j in bucket_pairs(self.eval_digits):
             by_length[i + j].append((i, j))
-        counts: dict[tuple[int, int], list[int]] = {cell: [0, 0] for cell in cells}
-        predictions: list[dict[str, Any]] = []
-        bar = reporter.task("eval", total=len(cells), unit="cell") if reporter else None
-        done = 0
+        size = self.opts["eval_batch_size"]
+        batches = []
         for total_len in sorted(by_length):
             group = [(cell, a, b) for cell in by_length[total_len] for a, b in self.eval_examples(*cell)]
-            max_new = max(max(i, j) for (i, j), _, _ in group) + 2
-            for start in range(0, len(group), self.opts["eval_batch_size"]):
-                chunk = group[start:start + self.opts["eval_batch_size"]]
-                texts = [format_example(a, b) for _, a, b in chunk]
-                prompt = torch.tensor([TOKENIZER.encode(p) for p, _ in texts], device=device)
-                out = model.generate(prompt, max_new_tokens=max_new, eos_id=EOS).tolist()
-                for (cell, a, b), (p, answer), pred in zip(chunk, texts, out):
-                    correct = exact_match(pred, TOKENIZER.encode(answer, eos=True))
-                    counts[cell][0] += int(correct)
-                    counts[cell][1] += 1
-                    predictions.append({"len_a": cell[0], "len_b": cell[1], "a": str(a), "b": str(b),
-                                        "prompt": p, "target": answer,
-                                        "prediction": TOKENIZER.decode(_until_eos(pred)), "correct": correct})
-            done += len(by_length[total_len])
+            batches += [group[start:start + size] for start in range(0, len(group), size)]
+        return batches
+
+    def evaluate(self, model, device: torch.device, reporter: Any) -> Evaluation:
+        """Greedy decoding of every batch (split across torchrun's processes and gathered in order, so the
+        metrics equal one process's), then exact-match scoring of whole answers, vectorised on the host."""
+        top, train = self.eval_digits, self.opts["train_digits"]
+        cells = bucket_pairs(top)
+        batches = self.eval_batches()
+        texts = [[format_example(a, b) for _, a, b in batch] for batch in batches]
+        total = sum(len(batch) for batch in batches)
+        bar = reporter.task("eval", total=total, unit="example") if reporter else None
+        done = [0]
+
+        def decode(index: int) -> np.ndarray:
+            batch = batches[index]
+            max_new = max(max(cell) for cell, _, _ in batch) + 2      # the longest answer, EOS and one more
+            prompt = encode_equal_length([p for p, _ in texts[index]]).to(device)
+            out = model.generate(prompt, max_new_tokens=max_new, eos_id=EOS)
+            return out.to("cpu", torch.int8).numpy()               # ids < 128: a small gather
+
+        def progress(n_batches: int) -> None:
             if bar:
-                bar.update(done)
+                bar.update(min(total, round(total * n_batches / max(len(batches), 1))))
+        outputs = distributed.shard_map(decode, range(len(batches)),
+                                        cost=lambda i: len(batches[i]) * (max(max(c) for c, _, _ in batches[i]) + 2),
+                                        on_done=progress)
         if bar:
             bar.close()
+        counts: dict[tuple[int, int], list[int]] = {cell: [0, 0] for cell in cells}
+        predictions: list[dict[str, Any]] = []
+        for batch, pairs, out in zip(batches, texts, outputs):
+            correct = score_answers([answer for _, answer in pairs], out)
+            shown = decode_until_eos(out)
+            for (cell, a, b), (p, answer), ok, pred in zip(batch, pairs, correct.tolist(), shown):
+                counts[cell][0] += ok
+                counts[cell][1] += 1
+                predictions.append({"len_a": cell[0], "len_b": cell[1], "a": str(a), "b": str(b), "prompt": p,
+                                    "target": answer, "prediction": pred, "correct": ok})
         grid_counts = {cell: (c, n) for cell, (c, n) in counts.items()}
         metrics = summarise(grid_counts, train)
         lengths = list(range(1, top + 1))
@@ -329,8 +349,47 @@ class Arithmetic(Task):
                                 "decoding": "greedy, KV cache"})
 
 
-def _until_eos(ids: list[int]) -> list[int]:
-    return ids[: ids.index(EOS)] if EOS in ids else ids
+# ---- host-side encoding and scoring, vectorised ----------------------------------------------------------
+
+_TO_ID = np.full(256, UNK, dtype=np.int64)
+for _char, _id in TOKENIZER.to_id.items():
+    _TO_ID[ord(_char)] = _id
+_TO_CHAR = np.full(256, ord("?"), dtype=np.uint8)          # what TOKENIZER.decode shows, 0 = dropped
+_TO_CHAR[[PAD, BOS, EOS]] = 0
+for _index, _char in enumerate(TOKENIZER.chars):
+    _TO_CHAR[len(SPECIALS) + _index] = ord(_char)
+
+
+def encode_equal_length(prompts: list[str]) -> torch.Tensor:
+    """``TOKENIZER.encode`` of equally long ASCII prompts as one ``[n, L]`` tensor."""
+    raw = np.frombuffer("".join(prompts).encode("ascii"), dtype=np.uint8)
+    return torch.from_numpy(_TO_ID[raw].reshape(len(prompts), -1))
+
+
+def score_answers(answers: list[str], predicted: np.ndarray) -> np.ndarray:
+    """``exact_match`` of every row of ``predicted [n, W]`` against ``encode(answer) + [EOS]``: the first
+    ``len(answer) + 1`` ids must be the answer's digits and EOS (what follows is ignored)."""
+    n, width = predicted.shape
+    lengths = np.array([len(a) for a in answers], dtype=np.int64)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    if int(lengths.max()) + 1 > width:
+        raise ValueError("predictions are shorter than the answers they are scored against")
+    target = np.full((n, width), -1, dtype=np.int64)       # -1: not compared
+    rows = np.repeat(np.arange(n), lengths)
+    cols = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    target[rows, cols] = _TO_ID[np.frombuffer("".join(answers).encode("ascii"), dtype=np.uint8)]
+    target[np.arange(n), lengths] = EOS
+    return ((predicted.astype(np.int64) == target) | (target < 0)).all(axis=1)
+
+
+def decode_until_eos(predicted: np.ndarray) -> list[str]:
+    """``TOKENIZER.decode`` of every row up to its first EOS."""
+    ids = predicted.astype(np.int64)
+    is_eos = ids == EOS
+    cut = np.where(is_eos.any(axis=1), is_eos.argmax(axis=1), ids.shape[1])
+    chars = _TO_CHAR[np.clip(ids, 0, 255)]                 # ids past the vocabulary show as "?"
+    return [row[:k].tobytes().replace(b"\0", b"").decode("ascii") for row, k in zip(chars, cut.tolist())]
 
 
 def _pct(x: float | None) -> float | None:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from posbench import distributed
 from posbench.errors import ConfigError
 from posbench.engine import IGNORE_INDEX, Batch
 from posbench.evaluation import passkey as pk
@@ -203,10 +204,11 @@ class Passkey(TokenizerMixin, Task):
                 for t in range(trials):
                     key = pk.grid_key(pk.trial_seed(self.opts["eval_seed"], length, di, t))
                     items.append((di, depth, self.builder.build(length, depth, key)))
-            for start in range(0, len(items), bs):
-                chunk = items[start: start + bs]
-                outs = self._decode_batch(model, device, [p.prompt_ids for _, _, p in chunk],
-                                          [p.answer_ids for _, _, p in chunk])
+            chunks = [items[start: start + bs] for start in range(0, len(items), bs)]
+            decoded = distributed.shard_map(      # batches split across torchrun's processes, gathered in order
+                lambda chunk: self._decode_batch(model, device, [p.prompt_ids for _, _, p in chunk],
+                                                 [p.answer_ids for _, _, p in chunk]), chunks)
+            for chunk, outs in zip(chunks, decoded):
                 for (di, depth, p), got in zip(chunk, outs):
                     ok = got == p.answer_ids
                     correct[(length, di)] += int(ok)
