@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import inspect
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -338,8 +339,10 @@ class DDPReplica(Replica):
         ids = [device.index] if device.type == "cuda" else None
         # no find_unused_parameters: parameters that never reach the loss are frozen (requires_grad=False)
         # when the model is built, and DDP registers hooks only for parameters that require gradients
-        self.module = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False,
-                                              gradient_as_bucket_view=True)
+        # buffers are constants (no batch statistics): do not re-broadcast them every forward
+        names = inspect.signature(DistributedDataParallel).parameters
+        buffers = {"forward_sync_buffers": False} if "forward_sync_buffers" in names else {"broadcast_buffers": False}
+        self.module = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True, **buffers)
 
     def sync_gradients(self, enabled: bool):
         return contextlib.nullcontext() if enabled else self.module.no_sync()
