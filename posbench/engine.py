@@ -508,6 +508,8 @@ def _restore_training(state: dict[str, Any], optimizer_state: dict[str, Any] | N
             set_rng_state(rngs[ctx.rank])
         else:                                    # a different world size: new ranks derive their own
             seed_rank(ctx.rank, start_step)
+    except CheckpointError:
+        raise
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
         raise CheckpointError(f"the checkpoint in {checkpoint_dir} does not fit this run ({exc})") from None
 
