@@ -211,7 +211,7 @@ def test_evaluate_real_model_uses_kv_cache_generation():
 
 def test_presets_and_validation():
     cls = TASKS["arithmetic"]
-    assert set(cls.presets) == {"tiny", "small", "paper"} and cls.default_preset == "small"
+    assert set(cls.presets) == {"tiny", "small", "gpu", "paper"} and cls.default_preset == "small"
     paper = resolve_run_config("arithmetic", "rope", "paper")
     assert (paper.model["n_layers"], paper.model["d_model"], paper.model["n_heads"]) == (16, 1024, 16)
     assert (paper.train["batch_size"], paper.train["steps"], paper.train["lr"]) == (512, 20000, 1e-4)

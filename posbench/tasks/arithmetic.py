@@ -27,7 +27,7 @@ from posbench import distributed
 from posbench.data.char import BOS, EOS, PAD, SPECIALS, UNK, CharTokenizer
 from posbench.engine import IGNORE_INDEX, Batch
 from posbench.results import Axis, Evaluation, Grid, Metric
-from posbench.tasks.base import IndexedStream, Task, config_hash
+from posbench.tasks.base import DEV_CPU, H100, IndexedStream, Task, config_hash
 
 TOKENIZER = CharTokenizer()
 
@@ -227,6 +227,8 @@ class Arithmetic(Task):
             "train": {"steps": 30, "batch_size": 32, "lr": 3e-3, "warmup_ratio": 0.1, "log_every": 10,
                       "threads": 1},
             "task": {"train_digits": 2, "eval_digits": 3, "eval_samples": 8},
+            "expected": {"seconds": 6, "hardware": DEV_CPU, "how": "measured",
+                         "note": "posbench run -e rope -t arithmetic -p tiny, Python start-up included"},
         },
         "small": {
             # tuned on a 2-core CPU (benchmarks/arithmetic_small.py): RoPE and TAPE both reach >= 90% on the
@@ -234,14 +236,49 @@ class Arithmetic(Task):
             "model": {"d_model": 64, "n_layers": 4, "n_heads": 4, "max_seq_len": 0},
             "train": {"steps": 4000, "batch_size": 64, "lr": 1e-3, "warmup_ratio": 0.05, "log_every": 250},
             "task": {"train_digits": 5, "eval_samples": 100},
+            "expected": {"seconds": 360, "hardware": DEV_CPU, "how": "measured",
+                         "note": "RoPE 278 s, TAPE 359 s (benchmarks/arithmetic_small.py, README, machine shared)"},
+        },
+        "gpu": {
+            # The paper's recipe at half the operand length, so one encoding trains and evaluates in minutes on
+            # one H100 while the comparison the paper draws stays: train on operands of up to 10 digits, test on
+            # a 20 x 20 grid (2x the training length, so 25% of the cells are in distribution, as in the
+            # paper's 40 x 40 grid), and as many examples per operand-length pair as the paper (5,000 x 512 /
+            # 100 pairs = 25.6k; paper 20k x 512 / 400 pairs), with half the depth and width (8 x 512, GLU
+            # width = d_model as the paper's) and the paper's batch in one micro-batch.
+            # Time (ESTIMATED, not measured: no GPU here): at this size a step is bound by PyTorch's per-kernel
+            # host cost, not by FLOPs (1.5 TFLOP per step): counted aten ops per step (RoPE 2,287, TAPE 3,595)
+            # x 23 us (the H100 measurements: paper LM RoPE 78.8 ms for 3,374 ops, TAPE 117 ms for 5,430) ->
+            # 53 / 83 ms eager, x 5,000 steps = 265 / 415 s; evaluation 668 decoding steps (batches of 2,048)
+            # x 19 / 29 ms (568 / 869 ops per token at the 37 ms per 1,104 ops measured for decoding) = 13 /
+            # 19 s; plus ~15 s start-up and checkpoints. train.compile (auto: on for CUDA) should cut the
+            # training part several-fold after ~1 minute of compilation.
+            "model": {"d_model": 512, "n_layers": 8, "n_heads": 8, "d_ff": 512, "max_seq_len": 0},
+            "train": {"steps": 5000, "batch_size": 512, "lr": 3e-4, "warmup_ratio": 0.02, "log_every": 250,
+                      "checkpoint_every": 1000},
+            "task": {"train_digits": 10, "eval_digits": 20, "eval_samples": 100, "eval_batch_size": 2048},
+            "expected": {"seconds": 450, "hardware": H100, "how": "estimated",
+                         "note": "TAPE eager (the slowest); RoPE ~300 s; FLOP and kernel-count scaling of the "
+                                 "H100 measurements, see the preset's comment"},
         },
         "paper": {
             # TAPE Table 5 / zhuconv/arithmetic: 16 layers, width 1024, 16 heads, GLU width 1024 after gating,
-            # sequence length 64 for 20-digit operands, batch 512 (2 x 256), 20k steps, AdamW lr 1e-4.
+            # sequence length 64 for 20-digit operands, batch 512 (the reference: 2 x 256), 20k steps, AdamW
+            # lr 1e-4. One micro-batch of 512 here (the same gradient; half the kernel launches per step, and
+            # an H100 holds it), and evaluation in batches of 2,048 prompts (3,986 decoding steps instead of
+            # 6,782 with 1,024; the KV cache of 2,048 x 122 tokens x 16 layers is ~16 GiB in bf16).
+            # Time (ESTIMATED): measured today 0.213 s/step eager with 2 micro-batches (71 min of training);
+            # eager with one micro-batch, no per-step sync and the vectorised data: 4,455 ops x 23 us = 102 ms
+            # (34 min) for RoPE, 7,259 ops (167 ms) for TAPE; with train.compile (auto on CUDA) the step
+            # should become GPU-bound: 2.3e13 FLOP at ~35% of 989 TFLOP/s = 67 ms (22 min), plus evaluation
+            # 3,986 x 37 ms = 2.5 min.
             "model": {"d_model": 1024, "n_layers": 16, "n_heads": 16, "d_ff": 1024, "max_seq_len": 0},
-            "train": {"steps": 20000, "batch_size": 512, "grad_accum": 2, "lr": 1e-4, "log_every": 200,
+            "train": {"steps": 20000, "batch_size": 512, "grad_accum": 1, "lr": 1e-4, "log_every": 200,
                       "checkpoint_every": 2000},
-            "task": {"train_digits": 20, "eval_digits": 40, "eval_samples": 100},
+            "task": {"train_digits": 20, "eval_digits": 40, "eval_samples": 100, "eval_batch_size": 2048},
+            "expected": {"seconds": 1500, "hardware": H100, "how": "estimated",
+                         "note": "RoPE with train.compile=auto (on); eager ~37 min; TAPE eager ~60 min, within "
+                                 "30 min only once TAPE compiles into one graph (issue 8)"},
         },
     }
 

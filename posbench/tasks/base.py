@@ -21,10 +21,11 @@ Class attributes:
   named like a generic CLI flag (``data``, ``datasets``, see ``config.TASK_FLAGS``) is also set by that flag
   (``posbench run --task pretrain --data PATH`` sets ``task.data``); a flag the task lacks is a one-line error.
 - ``option_help``: one line per option, shown by ``posbench ls tasks``.
-- ``presets``: ``{"tiny": {...}, "small": {...}, "paper": {...}}``; each preset is
+- ``presets``: ``{"tiny": {...}, "small": {...}, "gpu": {...}, "paper": {...}}``; each preset is
   ``{"model": {...}, "train": {...}, "task": {...}}`` overriding the built-in defaults of those sections
   (``ModelConfig``, ``engine.TrainConfig``, ``options``). ``tiny`` must run in seconds on a CPU (tests),
-  ``small`` in minutes on a 2-core CPU (the default), ``paper`` is the paper's recipe for a GPU.
+  ``small`` in minutes on a 2-core CPU (the default), ``gpu`` in at most 10 minutes per encoding on one
+  H100 (the paper's recipe scaled down so that its comparison still shows), ``paper`` is the paper's recipe.
   A preset may also carry ``"expected": {"seconds": S, "hardware": "...", "how": "measured" | "estimated",
   "note": "..."}``: the wall time of one run of one encoding (training and evaluation) on that hardware,
   shown by ``posbench ls presets``; it is not a configuration section.
@@ -71,6 +72,9 @@ if TYPE_CHECKING:
 
 TASKS: Registry = Registry("task", entry_point_group="posbench.tasks")
 PRESET_NAMES = ("tiny", "small", "gpu", "paper")
+# the hardware the presets' "expected" times refer to
+DEV_CPU = "2-core x86-64 CPU (Intel Xeon, shared), torch 2.13.0+cpu"
+H100 = "1x NVIDIA H100 80GB"
 
 
 class Task:
