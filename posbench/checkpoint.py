@@ -36,7 +36,8 @@ from posbench.results import atomic_save, atomic_write_json
 
 FORMAT = "posbench-train-state"
 VERSION = 1
-WEIGHTS, CONFIG, OPTIMIZER, STATE = "model.safetensors", "model_config.json", "optimizer.safetensors", "train_state.json"
+WEIGHTS, CONFIG = "model.safetensors", "model_config.json"
+OPTIMIZER, STATE = "optimizer.safetensors", "train_state.json"
 PICKLED_STATE = "train_state.pt"
 SEP = "/"
 
@@ -99,7 +100,8 @@ def split_optimizer_state(state: dict[str, Any]) -> tuple[dict[str, Tensor], dic
                 tensors[f"{name}{SEP}{slot}"] = value.detach().to("cpu").contiguous().clone()
             else:
                 scalars.setdefault(str(name), {})[slot] = value
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in state.get("param_groups", [])]
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()}
+              for group in state.get("param_groups", [])]
     return tensors, {"param_groups": groups, "scalars": scalars}
 
 

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posbench import distributed
+# checkpoints live in posbench.checkpoint; these names stay importable from the engine
 from posbench.checkpoint import (CheckpointError, checkpoint_path, load_train_state, load_weights,  # noqa: F401
                                  read_model_config, rng_state, save_checkpoint, set_rng_state)
 from posbench.errors import UserError
@@ -331,8 +332,9 @@ def train(model: nn.Module, stream: Any, cfg: TrainConfig, *, device: torch.devi
     """Train ``model`` in place for ``cfg.steps`` optimizer steps on batches from ``stream``.
 
     ``resume=True`` loads ``checkpoint_dir`` (optimizer, scheduler, stream and RNG states, weights) and
-    continues. ``callbacks`` are called as ``cb(step, model, loss)`` after every step (1-based ``step``);
-    raising ``StopTraining`` in one stops at once without a checkpoint, as a kill would. The caller seeds
+    continues. ``callbacks`` are called as ``cb(step, model, loss)`` after every step (1-based ``step``;
+    under FSDP ``model`` receives the trained weights only at the end); raising ``StopTraining`` in one
+    stops at once without a checkpoint, as a kill would. The caller seeds
     (``seed_everything``) before building the model; ``seed`` is only recorded. Under torchrun every
     process calls this with the same arguments (``posbench.distributed``).
     """
@@ -376,7 +378,6 @@ def train(model: nn.Module, stream: Any, cfg: TrainConfig, *, device: torch.devi
 
     def flush() -> None:
         """Read the pending steps' losses (one device sync, one all-reduce) and check them."""
-        nonlocal last_good, last_good_step
         if not pending:
             return
         t0 = time.perf_counter()
