@@ -63,8 +63,9 @@ def single(encoding: str, sets: list[str], out: Path, **kw):
 def two_ranks(tmp_path_factory):
     base = tmp_path_factory.mktemp("ranks")
     torch.set_num_threads(1)
-    with pytest.raises(StopTraining):             # one process killed at step 6: checkpoint at step 4
-        single("rope", CHECKPOINTED, base / "k1", callbacks=(KillAt(6),))
+    for name, sets in (("k1", CHECKPOINTED), ("k1f", CHECKPOINTED + ["parallel=fsdp"])):
+        with pytest.raises(StopTraining):         # one process killed at step 6: checkpoint at step 4
+            single("rope", sets, base / name, callbacks=(KillAt(6),))
     plan = [
         {"kind": "run", "name": "ddp", "encoding": "rope", "sets": COMMON, "out": str(base / "ddp")},
         {"kind": "run", "name": "tape", "encoding": "tape", "sets": COMMON + NO_OFFSET, "out": str(base / "tape")},
@@ -72,7 +73,10 @@ def two_ranks(tmp_path_factory):
          "out": str(base / "fsdp")},
         {"kind": "run", "name": "killed", "encoding": "rope", "sets": CHECKPOINTED, "out": str(base / "k2"),
          "kill_at": 6},
+        {"kind": "run", "name": "killed_fsdp", "encoding": "rope", "sets": CHECKPOINTED + ["parallel=fsdp"],
+         "out": str(base / "k2f"), "kill_at": 6},
         {"kind": "resume", "name": "resumed", "run_dir": str(only_run(base / "k1"))},
+        {"kind": "resume", "name": "resumed_fsdp", "run_dir": str(only_run(base / "k1f"))},
         {"kind": "evaluate", "name": "eval", "encoding": "rope", "sets": ["task.eval_samples=6"]},
         {"kind": "ddp_probe", "name": "probe"},
     ]
@@ -136,17 +140,21 @@ def test_fsdp2_on_cpu_with_gloo_matches_one_process(two_ranks, one_rank):
     assert_same_training(run_dir, one_rank["rope"])
 
 
-def test_resume_at_another_world_size(two_ranks, one_rank, tmp_path):
-    # two processes killed at step 6 -> resumed by one; one process killed at 6 -> resumed by two
-    killed = only_run(two_ranks / "k2")
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_resume_at_another_world_size(two_ranks, one_rank, mode):
+    # the checkpoints hold full, name-keyed weights and optimizer state: two processes killed at step 6 ->
+    # resumed by one; one process killed at 6 -> resumed by two (under FSDP: sharded from the full state)
+    suffix = "f" if mode == "fsdp" else ""
+    killed = only_run(two_ranks / f"k2{suffix}")
     assert not (killed / "result.json").exists()
     assert json.loads((killed / "checkpoint" / "train_state.json").read_text())["step"] == 4
     done = runner.resume(killed)
-    resumed_by_two = only_run(two_ranks / "k1")
+    resumed_by_two = only_run(two_ranks / f"k1{suffix}")
     for run_dir, world in ((killed, 1), (resumed_by_two, 2)):
         training = result(run_dir)["training"]
         assert training["resumed_from"] == [4] and training["steps"] == 8
         assert training["parallel"]["world_size"] == world
+        assert training["parallel"]["mode"] == (mode if world == 2 else "none")
         assert_same_training(run_dir, one_rank["rope"])
     assert done.result["metrics"] == result(one_rank["rope"])["metrics"]
 
