@@ -312,7 +312,9 @@ class Arithmetic(Task):
         return {"data": self.config.seed, "eval": self.opts["eval_seed"]}
 
     def data_info(self) -> dict[str, Any]:
-        spec = {"generator": "bucketed reversed addition v1", "train_digits": self.opts["train_digits"],
+        # v2: training examples drawn per block of 256 examples (the same law; other examples per seed than v1,
+        # which drew per batch); the evaluation examples are unchanged
+        spec = {"generator": "bucketed reversed addition v2", "train_digits": self.opts["train_digits"],
                 "eval_digits": self.eval_digits, "eval_samples": self.opts["eval_samples"],
                 "eval_seed": self.opts["eval_seed"], "data_seed": self.config.seed}
         return {"source": "synthetic (McLeish et al. bucket method, reversed operands and sum)",
