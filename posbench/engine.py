@@ -1,34 +1,38 @@
 """The training engine: device, precision, AdamW with warmup + linear decay, accumulation, clipping,
-optional ``torch.compile``, seeding, progress, checkpoints and exact resume.
+``torch.compile``, seeding, progress, checkpoints, exact resume, and several processes (DDP or FSDP).
 
 A task hands the engine a **train stream** (see ``posbench.tasks.base.TrainStream``): an object with
 ``next_batch(batch_size) -> Batch`` and ``state_dict()`` / ``load_state_dict()``. A ``Batch`` holds
 ``tokens [B, N]`` and ``targets [B, N]`` (the token to predict at each position, ``IGNORE_INDEX`` where no
 loss is taken: padding, prompts), optionally ``positions``. The loss of a step is the mean cross-entropy
-over every target token of its ``grad_accum`` micro-batches, so accumulating gives the same gradient as one
-big batch.
+over every target token of the step's global batch (all micro-batches of all processes), so accumulating,
+or splitting the batch over processes, gives the same gradient as one big batch.
 
-Checkpoints (``checkpoint_every`` steps and at the end) are a directory::
+Under ``torchrun`` (see ``posbench.distributed``) every process runs ``train``: each reads its slice of the
+stream, the model is wrapped in DDP (or sharded with FSDP2, ``train.parallel=fsdp``), gradients are
+all-reduced once per step (``no_sync`` during accumulation micro-steps), and rank 0 alone writes
+checkpoints and shows progress (global tokens/s).
 
-    checkpoint/model.safetensors   weights
-    checkpoint/model_config.json   ModelConfig.to_dict()
-    checkpoint/train_state.pt      step, optimizer, scheduler, data stream state, RNG states, history
+The step never waits for the GPU: batches are copied from pinned memory without blocking, the number of
+target tokens is counted on the host, and the loss and gradient norm stay on the device until a log step
+(``log_every``), a checkpoint or the end, when they are read once for all pending steps. A non-finite loss
+or gradient norm is caught there and raises ``NonFiniteLossError`` (one line naming the first bad step)
+before any checkpoint is written, so the last good checkpoint is never overwritten. With ``callbacks``
+(which receive each step's loss) every step is a log step.
 
-written as ``checkpoint.tmp`` and then swapped in, so a kill at any moment leaves one complete checkpoint.
-``train(..., resume=True)`` restores everything and continues; on CPU the final weights are bitwise equal to
-an uninterrupted run's. A non-finite loss or gradient norm raises ``NonFiniteLossError`` (one line naming
-the step) without writing a checkpoint, so the last good one stays.
+Checkpoints (``checkpoint_every`` steps and at the end; see ``posbench.checkpoint``) hold the full weights
+and optimizer state in safetensors and everything else in JSON, so they run no code when loaded and fit any
+world size. ``train(..., resume=True)`` restores everything and continues; on CPU the final weights are
+bitwise equal to an uninterrupted run's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import random
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,19 +44,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posbench import distributed
+# checkpoints live in posbench.checkpoint; these names stay importable from the engine
+from posbench.checkpoint import (CheckpointError, checkpoint_path, load_train_state, load_weights,  # noqa: F401
+                                 read_model_config, rng_state, save_checkpoint, set_rng_state)
 from posbench.errors import UserError
 from posbench.progress import NullReporter
-from posbench.results import atomic_save, atomic_write_json
 
 IGNORE_INDEX = -100
 
 
 class NonFiniteLossError(RuntimeError):
     """Training produced a NaN/inf loss or gradient; ``str()`` names the step and the last good checkpoint."""
-
-
-class CheckpointError(UserError):
-    """A missing or unreadable checkpoint; ``str()`` is one line."""
 
 
 class DeviceError(UserError):
@@ -63,11 +66,19 @@ class StopTraining(Exception):
     """Raise from a callback to stop at once, as a kill would (no checkpoint is written)."""
 
 
+COMPILE_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
+                 "off": False, "auto": "auto"}
+
+
 @dataclass
 class TrainConfig:
     """The optimisation recipe. Defaults follow the TAPE paper's (HF Trainer) recipe: AdamW (0.9, 0.999,
     eps 1e-8), weight decay 0.01, linear warmup over ``warmup_ratio`` of the steps, linear decay to
-    ``min_lr_ratio * lr``, gradient clipping at 1.0."""
+    ``min_lr_ratio * lr``, gradient clipping at 1.0.
+
+    ``batch_size`` is the global batch of one optimizer step and ``grad_accum`` splits it for one device;
+    with several processes the per-process micro-batch and accumulation are derived from them
+    (``distributed.plan_batches``)."""
 
     steps: int = 1000
     batch_size: int = 64            # sequences per optimizer step (split into grad_accum micro-batches)
@@ -82,9 +93,10 @@ class TrainConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0          # 0 disables clipping
     checkpoint_every: int = 0       # 0: only at the end
-    log_every: int = 50             # plain progress lines when not on a terminal
+    log_every: int = 50             # loss read from the device (and plain progress lines) every N steps
     precision: str = "auto"         # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
-    compile: bool = False
+    compile: Any = "auto"           # auto (on for CUDA, off elsewhere) | true | false
+    parallel: str = "ddp"           # several processes: ddp (replicas) | fsdp (FSDP2 shards)
     threads: int = 0                # CPU threads; 0: the free cores (see setup_device)
 
     def __post_init__(self):
@@ -95,6 +107,13 @@ class TrainConfig:
                              f"train.grad_accum {self.grad_accum}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"train.precision must be auto, fp32 or bf16, got {self.precision!r}")
+        word = self.compile if isinstance(self.compile, bool) else COMPILE_WORDS.get(str(self.compile).lower())
+        if word is None:
+            raise ValueError(f"train.compile={self.compile!r}: expected true or false (or auto)")
+        self.compile = word
+        if self.parallel not in distributed.PARALLEL_MODES:
+            raise ValueError(f"train.parallel must be one of {', '.join(distributed.PARALLEL_MODES)}, "
+                             f"got {self.parallel!r}")
 
     @property
     def micro_batch(self) -> int:
@@ -112,20 +131,32 @@ class Batch:
     tokens: Tensor                   # [B, N] inputs
     targets: Tensor                  # [B, N] next tokens, IGNORE_INDEX where no loss is taken
     positions: Tensor | None = None  # [N] or [B, N]; None: 0..N-1
+    target_count: int | None = field(default=None, repr=False, compare=False)   # counted on the host
 
-    def to(self, device: torch.device) -> Batch:
-        pos = self.positions.to(device) if self.positions is not None else None
-        return Batch(self.tokens.to(device), self.targets.to(device), pos)
+    def to(self, device: torch.device | str) -> Batch:
+        """On ``device``; from the CPU to CUDA through pinned memory without waiting (no device sync). The
+        number of target tokens is counted here, on the host, so nothing reads it back from the device."""
+        device = torch.device(device)
+        count = self.n_targets if self.targets.device.type == "cpu" else self.target_count
+
+        def move(t: Tensor) -> Tensor:
+            if device.type == "cuda" and t.device.type == "cpu":
+                return t.pin_memory().to(device, non_blocking=True)
+            return t.to(device)
+        pos = move(self.positions) if self.positions is not None else None
+        return Batch(move(self.tokens), move(self.targets), pos, count)
 
     @property
     def n_targets(self) -> int:
-        return int((self.targets != IGNORE_INDEX).sum())
+        if self.target_count is None:
+            self.target_count = int((self.targets != IGNORE_INDEX).sum())
+        return self.target_count
 
 
 @dataclass
 class TrainResult:
     steps: int = 0
-    tokens: int = 0                  # input tokens processed (all micro-batches, padding included)
+    tokens: int = 0                  # input tokens processed (all micro-batches, all ranks, padding included)
     target_tokens: int = 0           # tokens that carried loss
     final_loss: float | None = None
     loss_history: list[list[float]] = field(default_factory=list)   # [[step, loss], ...]
@@ -133,6 +164,9 @@ class TrainResult:
     resumed_from: list[int] = field(default_factory=list)
     device: str = "cpu"
     precision: str = "fp32"
+    compile: bool = False            # train.compile as resolved for the device
+    fused_optimizer: bool = False
+    parallel: dict[str, Any] = field(default_factory=dict)   # world size, ddp/fsdp, per-rank batch plan
     seed: int | None = None
 
     @property
@@ -175,8 +209,8 @@ def setup_device(device: torch.device, threads: int = 0) -> int:
     """CPU: flush denormals (they slow softmax gradients 3-7x) and pick the thread count; returns it.
 
     ``threads=0`` (auto) uses the cores this process may run on that are not already busy (1-minute load
-    average): on a shared machine, more threads than free cores make every step several times slower
-    (threads spin-wait for each other), so a busy 2-core machine gets 1 thread.
+    average), shared among the processes torchrun started on this machine: on a shared machine, more
+    threads than free cores make every step several times slower (threads spin-wait for each other).
     """
     if device.type == "cpu":
         torch.set_flush_denormal(True)
@@ -199,7 +233,8 @@ def auto_threads() -> int:
         busy = os.getloadavg()[0]
     except (AttributeError, OSError):
         busy = 0.0
-    return max(1, min(cores, int(round(cores - busy))))
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, min(cores, int(round(cores - busy))) // local)
 
 
 def seed_everything(seed: int) -> dict[str, int]:
@@ -210,25 +245,23 @@ def seed_everything(seed: int) -> dict[str, int]:
     return {"python": seed, "numpy": seed % 2**32, "torch": seed}
 
 
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def seed_rank(rank: int, step: int) -> None:
+    """Ranks other than 0 draw their own random numbers (TAPE's offsets, RandPE's positions), derived from
+    the run's seed, the rank and the step they start at; rank 0 keeps the one-process sequence."""
+    seed_everything(int(np.random.SeedSequence([torch.initial_seed(), rank, step]).generate_state(1)[0]))
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
     return precision
+
+
+def resolve_compile(value: Any, device: torch.device) -> bool:
+    """``train.compile``: ``auto`` compiles on CUDA only (on a CPU compiling costs more than it saves)."""
+    if value == "auto":
+        return torch.device(device).type == "cuda"
+    return bool(value)
 
 
 def autocast(device: torch.device, precision: str):
@@ -239,14 +272,28 @@ def autocast(device: torch.device, precision: str):
 
 # ---- optimisation ----------------------------------------------------------------------------------------
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (not on norms, gains and other vectors)."""
-    decay, no_decay = [], []
-    for param in model.parameters():
-        if param.requires_grad:
-            (decay if param.dim() >= 2 else no_decay).append(param)
+def make_optimizer(params: nn.Module | Sequence[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not on norms, gains and other vectors). Fused (one kernel for
+    all parameters) when every parameter is a plain CUDA tensor."""
+    if isinstance(params, nn.Module):
+        params = [p for p in params.parameters() if p.requires_grad]
+    params = [p for p in params if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    fused = fusable(params)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             **({"fused": True} if fused else {}))
+
+
+def fusable(params: Sequence[Tensor]) -> bool:
+    if not params or not all(p.is_cuda for p in params):
+        return False
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        return True
+    return not any(isinstance(p, DTensor) for p in params)     # FSDP shards keep the default (foreach)
 
 
 def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
@@ -272,69 +319,6 @@ def masked_cross_entropy(model: nn.Module, batch: Batch) -> tuple[Tensor, int]:
     return loss, batch.n_targets
 
 
-# ---- checkpoints -----------------------------------------------------------------------------------------
-
-def save_checkpoint(directory: Path, model: nn.Module, train_state: dict[str, Any]) -> Path:
-    """Write a complete checkpoint to ``directory.tmp`` then swap it in for ``directory``."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    tmp = directory.with_name(directory.name + ".tmp")
-    old = directory.with_name(directory.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    weights = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
-    atomic_save(tmp / "model.safetensors", lambda p: save_file(weights, str(p), metadata={"format": "pt"}))
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "to_dict"):
-        atomic_write_json(tmp / "model_config.json", config.to_dict())
-    atomic_save(tmp / "train_state.pt", lambda p: torch.save(train_state, p))
-    if directory.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    shutil.rmtree(old, ignore_errors=True)
-    return directory
-
-
-def checkpoint_path(directory: Path) -> Path | None:
-    """The complete checkpoint in ``directory`` (or the ``.old`` one a kill mid-swap left), if any."""
-    directory = Path(directory)
-    for candidate in (directory, directory.with_name(directory.name + ".old")):
-        if (candidate / "model.safetensors").is_file() and (candidate / "train_state.pt").is_file():
-            return candidate
-    return None
-
-
-def load_weights(model: nn.Module, path: Path) -> None:
-    """Load ``model.safetensors`` (a file, or a checkpoint directory holding one) into ``model``."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / "model.safetensors"
-    if not path.is_file():
-        raise CheckpointError(f"no weights at {path}")
-    try:
-        state = load_file(str(path))
-    except Exception as exc:  # noqa: BLE001 - safetensors raises several types
-        raise CheckpointError(f"cannot read {path}: {exc}") from None
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(f"{path} does not fit this model (missing {len(missing)} tensors, "
-                              f"{len(unexpected)} unexpected)")
-
-
-def load_train_state(directory: Path) -> dict[str, Any]:
-    found = checkpoint_path(directory)
-    if found is None:
-        raise CheckpointError(f"no complete checkpoint in {directory}")
-    try:
-        return torch.load(found / "train_state.pt", map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001
-        raise CheckpointError(f"cannot read {found / 'train_state.pt'}: {exc}") from None
-
-
 # ---- the loop --------------------------------------------------------------------------------------------
 
 StepCallback = Callable[[int, nn.Module, float], None]
@@ -348,90 +332,187 @@ def train(model: nn.Module, stream: Any, cfg: TrainConfig, *, device: torch.devi
     """Train ``model`` in place for ``cfg.steps`` optimizer steps on batches from ``stream``.
 
     ``resume=True`` loads ``checkpoint_dir`` (optimizer, scheduler, stream and RNG states, weights) and
-    continues. ``callbacks`` are called as ``cb(step, model, loss)`` after every step (1-based ``step``);
-    raising ``StopTraining`` in one stops at once without a checkpoint, as a kill would. The caller seeds
-    (``seed_everything``) before building the model; ``seed`` is only recorded.
+    continues. ``callbacks`` are called as ``cb(step, model, loss)`` after every step (1-based ``step``;
+    under FSDP ``model`` receives the trained weights only at the end); raising ``StopTraining`` in one
+    stops at once without a checkpoint, as a kill would. The caller seeds
+    (``seed_everything``) before building the model; ``seed`` is only recorded. Under torchrun every
+    process calls this with the same arguments (``posbench.distributed``).
     """
+    ctx = distributed.current()
     device = torch.device(device)
-    reporter = reporter or NullReporter()
+    reporter = reporter if (reporter is not None and ctx.is_main) else NullReporter()
     precision = resolve_precision(cfg.precision, device)
-    model.to(device)
-    model.train()
-    optimizer = make_optimizer(model, cfg)
-    scheduler = make_scheduler(optimizer, cfg)
-    result = TrainResult(device=str(device), precision=precision, seed=seed)
-    start_step = 0
+    result = TrainResult(device=str(device), precision=precision, seed=seed,
+                         compile=resolve_compile(cfg.compile, device))
+    start_step, state, optimizer_state = 0, None, None
     if resume:
         if checkpoint_dir is None:
             raise CheckpointError("resume needs a checkpoint directory")
-        state = load_train_state(checkpoint_dir)
-        load_weights(model, checkpoint_path(checkpoint_dir))
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        stream.load_state_dict(state["data"])
-        set_rng_state(state["rng"])
-        start_step = int(state["step"])
-        for key in ("tokens", "target_tokens", "loss_history", "train_s", "resumed_from", "final_loss"):
-            if key in state:
-                setattr(result, key, state[key])
-        result.resumed_from = list(result.resumed_from) + [start_step]
-    result.steps = start_step
-    forward = torch.compile(model) if cfg.compile else model
-    last_good = checkpoint_path(checkpoint_dir) if checkpoint_dir is not None else None
+        state, optimizer_state = _read_checkpoint(model, checkpoint_dir)
+        start_step = _restore_result(result, state, checkpoint_dir)
+    if cfg.steps <= start_step:                  # nothing (left) to train
+        model.to(device)
+        distributed.broadcast_module(model)
+        model.eval()
+        return result
+
+    plan = distributed.plan_batches(cfg.batch_size, cfg.grad_accum, ctx.world, stream)
+    replica = distributed.wrap(model, device, cfg.parallel)
+    result.parallel = {"mode": replica.kind, "backend": ctx.backend, **plan.to_dict()}
+    optimizer = make_optimizer(replica.parameters(), cfg)
+    result.fused_optimizer = bool(optimizer.defaults.get("fused"))
+    scheduler = make_scheduler(optimizer, cfg)
+    if state is not None:
+        _restore_training(state, optimizer_state, replica, optimizer, scheduler, stream, checkpoint_dir, start_step)
+    elif ctx.rank > 0:
+        seed_rank(ctx.rank, 0)
+    batches = distributed.RankBatches(stream, plan, ctx.rank)
+    forward = torch.compile(replica.module) if result.compile else replica.module
+    replica.module.train()
+    last_good = checkpoint_path(checkpoint_dir) if (checkpoint_dir is not None and ctx.is_main) else None
+    last_good = distributed.broadcast_object(last_good)
     last_good_step = start_step if last_good is not None else None
     history_every = max(1, cfg.steps // 200)
+    log_every = max(1, cfg.log_every)
+    pending: list[tuple[int, Tensor, Tensor | None]] = []     # (step, loss on the device, grad norm or None)
 
-    def snapshot(step: int) -> dict[str, Any]:
-        return {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "data": stream.state_dict(), "rng": rng_state(), "tokens": result.tokens,
-                "target_tokens": result.target_tokens, "loss_history": result.loss_history,
-                "train_s": result.train_s, "resumed_from": result.resumed_from,
-                "final_loss": result.final_loss, "train_config": cfg.to_dict()}
+    def flush() -> None:
+        """Read the pending steps' losses (one device sync, one all-reduce) and check them."""
+        if not pending:
+            return
+        t0 = time.perf_counter()
+        losses = torch.stack([loss for _, loss, _ in pending])
+        norms = torch.stack([g if g is not None else torch.zeros_like(loss) for _, loss, g in pending])
+        if ctx.rank > 0:
+            norms = torch.zeros_like(norms)      # every rank holds the same (global) norm: count it once
+        values = distributed.all_reduce_sum(torch.stack((losses, norms)).to(torch.float64)).tolist()
+        for (step, _, norm), loss_value, norm_value in zip(pending, *values):
+            bad = (f"loss ({loss_value})" if not math.isfinite(loss_value) else
+                   f"gradient norm ({norm_value})" if norm is not None and not math.isfinite(norm_value) else None)
+            if bad is not None:
+                where = (f"last good checkpoint: step {last_good_step} in {last_good}"
+                         if last_good is not None else "no checkpoint was written")
+                raise NonFiniteLossError(f"non-finite {bad} at step {step}; training stopped, {where}")
+            if step % history_every == 0 or step == cfg.steps:
+                result.loss_history.append([step, loss_value])
+            result.final_loss = loss_value
+        pending.clear()
+        result.train_s += time.perf_counter() - t0
+
+    def save(step: int) -> Path | None:
+        flush()                                 # a non-finite state never reaches a checkpoint
+        weights = replica.model_state()
+        optimizer_full = replica.optimizer_state(optimizer)
+        rngs = distributed.all_gather_objects(rng_state())
+        if not ctx.is_main:
+            return None
+        snapshot = {"step": step, "scheduler": scheduler.state_dict(), "data": stream.state_dict(), "rng": rngs,
+                    "tokens": result.tokens, "target_tokens": result.target_tokens,
+                    "loss_history": result.loss_history, "train_s": result.train_s,
+                    "resumed_from": result.resumed_from, "final_loss": result.final_loss,
+                    "train_config": cfg.to_dict(), "batch_plan": plan.to_dict()}
+        return save_checkpoint(checkpoint_dir, model, snapshot, optimizer_full, weights=weights)
 
     bar = reporter.task(description, total=cfg.steps, completed=start_step, log_every=cfg.log_every)
     try:
         for step in range(start_step, cfg.steps):
             t0 = time.perf_counter()
-            batches = [stream.next_batch(cfg.micro_batch).to(device) for _ in range(cfg.grad_accum)]
-            n_targets = sum(b.n_targets for b in batches)
+            host = batches.next_step()
+            counts = [sum(b.n_targets for b in host), sum(b.tokens.numel() for b in host)]
+            if ctx.enabled:                      # a CPU all-reduce (gloo): no device sync
+                counts = [int(x) for x in distributed.all_reduce_sum(torch.tensor(counts, dtype=torch.int64))]
+            n_targets, n_tokens = counts
+            denominator = max(n_targets, 1) / ctx.world     # DDP / FSDP average the ranks' gradients
             optimizer.zero_grad(set_to_none=True)
-            total_loss = torch.zeros((), device=device)
-            for batch in batches:
-                with autocast(device, precision):
-                    loss_sum, _ = loss_fn(forward, batch)
-                loss = loss_sum / max(n_targets, 1)
-                loss.backward()
-                total_loss += loss.detach().float()
-            loss_value = float(total_loss)
+            step_loss = None
+            for i, batch in enumerate(host):
+                batch = batch.to(device)
+                with replica.sync_gradients(i == len(host) - 1):
+                    with autocast(device, precision):
+                        loss_sum, _ = loss_fn(forward, batch)
+                    loss = loss_sum / denominator
+                    loss.backward()
+                part = loss.detach().float() / ctx.world
+                step_loss = part if step_loss is None else step_loss + part
             grad_norm = None
             if cfg.grad_clip > 0:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
-            if not math.isfinite(loss_value) or (grad_norm is not None and not math.isfinite(grad_norm)):
-                what = f"loss ({loss_value})" if not math.isfinite(loss_value) else f"gradient norm ({grad_norm})"
-                where = (f"last good checkpoint: step {last_good_step} in {last_good}"
-                         if last_good is not None else "no checkpoint was written")
-                raise NonFiniteLossError(f"non-finite {what} at step {step + 1}; training stopped, {where}")
+                grad_norm = torch.nn.utils.clip_grad_norm_(replica.parameters(), cfg.grad_clip)
+                grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                grad_norm = grad_norm.detach().float()
             optimizer.step()
             scheduler.step()
+            pending.append((step + 1, step_loss, grad_norm))
             result.train_s += time.perf_counter() - t0
             result.steps = step + 1
-            result.tokens += sum(b.tokens.numel() for b in batches)
+            result.tokens += n_tokens
             result.target_tokens += n_targets
-            result.final_loss = loss_value
-            if (step + 1) % history_every == 0 or step + 1 == cfg.steps:
-                result.loss_history.append([step + 1, loss_value])
-            bar.update(step + 1, loss=loss_value, rate=f"{_human(result.tokens_per_s)} tok/s")
-            if checkpoint_dir is not None and cfg.checkpoint_every > 0 and (step + 1) % cfg.checkpoint_every == 0 \
-                    and step + 1 < cfg.steps:
-                last_good, last_good_step = save_checkpoint(checkpoint_dir, model, snapshot(step + 1)), step + 1
+            checkpoint_due = (checkpoint_dir is not None and cfg.checkpoint_every > 0
+                              and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps)
+            if callbacks or checkpoint_due or (step + 1) % log_every == 0 or step + 1 == cfg.steps:
+                flush()
+            bar.update(step + 1, loss=result.final_loss, rate=f"{_human(result.tokens_per_s)} tok/s")
+            if checkpoint_due:
+                saved = save(step + 1)
+                last_good, last_good_step = distributed.broadcast_object(saved), step + 1
             for callback in callbacks:
-                callback(step + 1, model, loss_value)
+                callback(step + 1, model, result.final_loss)
+        flush()
     finally:
         bar.close()
-    if checkpoint_dir is not None and cfg.steps > 0 and result.steps == cfg.steps:
-        save_checkpoint(checkpoint_dir, model, snapshot(result.steps))
+    if checkpoint_dir is not None and result.steps == cfg.steps:
+        save(result.steps)
+    replica.finish()
     model.eval()
     return result
+
+
+def _read_checkpoint(model: nn.Module, checkpoint_dir: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Rank 0 reads the checkpoint and loads its weights; every rank gets the training state (the
+    optimizer tensors stay on rank 0, which broadcasts them when they are loaded)."""
+    held: dict[str, Any] = {}
+
+    def read() -> dict[str, Any]:
+        state = load_train_state(checkpoint_dir)
+        load_weights(model, checkpoint_path(checkpoint_dir))
+        held["optimizer"] = state.pop("optimizer", None)
+        return state
+    state = distributed.run_on_main(read)
+    return state, held.get("optimizer")
+
+
+def _restore_result(result: TrainResult, state: dict[str, Any], checkpoint_dir: Path) -> int:
+    try:
+        start_step = int(state["step"])
+        for key in ("tokens", "target_tokens", "loss_history", "train_s", "resumed_from", "final_loss"):
+            if key in state:
+                setattr(result, key, state[key])
+        result.resumed_from = [int(s) for s in result.resumed_from] + [start_step]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"the checkpoint in {checkpoint_dir} is malformed ({exc})") from None
+    result.steps = start_step
+    return start_step
+
+
+def _restore_training(state: dict[str, Any], optimizer_state: dict[str, Any] | None, replica: Any,
+                      optimizer: torch.optim.Optimizer, scheduler: Any, stream: Any, checkpoint_dir: Path,
+                      start_step: int) -> None:
+    ctx = distributed.current()
+    has_optimizer = distributed.broadcast_object(optimizer_state is not None)
+    try:
+        if has_optimizer:
+            replica.load_optimizer_state(optimizer, optimizer_state)
+        scheduler.load_state_dict(state["scheduler"])
+        stream.load_state_dict(state["data"])
+        rngs = state["rng"]
+        rngs = rngs if isinstance(rngs, list) else [rngs]
+        if len(rngs) == ctx.world or ctx.rank == 0:
+            set_rng_state(rngs[ctx.rank])
+        else:                                    # a different world size: new ranks derive their own
+            seed_rank(ctx.rank, start_step)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+        raise CheckpointError(f"the checkpoint in {checkpoint_dir} does not fit this run ({exc})") from None
 
 
 def _human(x: float) -> str:
@@ -440,11 +521,3 @@ def _human(x: float) -> str:
             return f"{x:.1f}{unit}"
         x /= 1000
     return f"{x:.1f}T"
-
-
-def read_model_config(directory: Path) -> dict[str, Any]:
-    path = Path(directory) / "model_config.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}") from None

@@ -6,7 +6,7 @@ Layout of one run (never overwritten; the run id is a UTC timestamp plus a rando
         config.json          the resolved RunConfig, written when the run starts (resume reads it)
         result.json          written once, when the run has finished (schema below)
         predictions.jsonl    one JSON object per evaluated sample
-        checkpoint/          model.safetensors, model_config.json, train_state.pt (see engine.py)
+        checkpoint/          model.safetensors, model_config.json, optimizer.safetensors, train_state.json (see checkpoint.py)
 
 ``result.json`` (``schema_version`` 1)::
 

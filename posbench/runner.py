@@ -2,6 +2,10 @@
 
 ``execute(config, out_root)`` starts a fresh run; ``resume(run_dir)`` continues a killed one from its last
 checkpoint (same directory, same config). Both return the finished run's directory and result dict.
+
+Under ``torchrun`` every process runs the same flow (``posbench.distributed``): rank 0 alone creates the run
+directory and writes config, checkpoints, predictions and the result; every rank trains its slice and
+evaluates its share of the work; only rank 0 shows progress.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 import torch
 
-from posbench import engine
+from posbench import distributed, engine
 from posbench.config import ConfigError, RunConfig
 from posbench.results import (CHECKPOINT_DIR, CONFIG_FILE, PREDICTIONS_FILE, RESULT_FILE, SCHEMA_VERSION,
                               ResultError, atomic_write_json, environment_info, new_run_dir, now_iso,
@@ -25,6 +29,7 @@ from posbench.results import (CHECKPOINT_DIR, CONFIG_FILE, PREDICTIONS_FILE, RES
 class RunOutcome:
     run_dir: Path
     result: dict[str, Any]
+    main: bool = True           # False on torchrun's other ranks, which write and print nothing
 
 
 def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: Any = None,
@@ -37,17 +42,19 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
     from posbench.progress import NullReporter
 
     started = time.perf_counter()
-    reporter = reporter or NullReporter()
+    ctx, device = distributed.setup(engine.pick_device(config.device))
+    main = ctx.is_main
+    reporter = reporter if (reporter is not None and main) else NullReporter()
     task = TASKS.get(config.task)(config)
     task.validate()
     train_cfg = engine.TrainConfig(**config.train)
-    device = engine.pick_device(config.device)
     engine.setup_device(device, train_cfg.threads)
     created = now_iso()
     if run_dir is None:
-        run_dir = new_run_dir(Path(out_root), config.task, config.encoding)
-    task.run_dir = run_dir          # tasks that save files with the run (a trained tokenizer) read it
-    if not (run_dir / CONFIG_FILE).exists():
+        made = distributed.run_on_main(lambda: str(new_run_dir(Path(out_root), config.task, config.encoding)))
+        run_dir = Path(made)
+    task.run_dir = run_dir if main else None   # tasks that save files with the run (a trained tokenizer)
+    if main and not (run_dir / CONFIG_FILE).exists():
         atomic_write_json(run_dir / CONFIG_FILE, {"config": config.to_dict(), "created": created,
                                                   "command": command or sys.argv})
     seeds = engine.seed_everything(config.seed)
@@ -82,6 +89,8 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
     model.eval()
     with torch.no_grad(), engine.autocast(device, precision):
         evaluation = task.evaluate(model, device, reporter)
+    if not main:
+        return RunOutcome(run_dir, {}, main=False)
     n_predictions = write_predictions(run_dir / PREDICTIONS_FILE, evaluation.predictions)
     eval_s = time.perf_counter() - eval_start
 
@@ -123,17 +132,23 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
 
 def resume(run_dir: Path | str, *, device: str | None = None, reporter: Any = None, callbacks: tuple = ()
            ) -> RunOutcome:
-    """Continue a killed run in place from its last checkpoint."""
+    """Continue a killed run in place from its last checkpoint (at any number of processes: the checkpoint
+    holds the full state). Rank 0 reads the run directory and tells the others."""
     run_dir = Path(run_dir)
-    stored = read_run_config(run_dir)
-    if (run_dir / RESULT_FILE).exists():
-        raise ResultError(f"{run_dir} has already finished (result.json exists); start a new run instead")
-    try:
-        config = RunConfig.from_dict(stored["config"])
-    except (KeyError, TypeError) as exc:
-        raise ResultError(f"{run_dir / CONFIG_FILE} is not a posbench run config ({exc})") from None
+    distributed.setup(engine.pick_device(device or "auto"))
+
+    def read() -> tuple[RunConfig, bool]:
+        stored = read_run_config(run_dir)
+        if (run_dir / RESULT_FILE).exists():
+            raise ResultError(f"{run_dir} has already finished (result.json exists); start a new run instead")
+        try:
+            config = RunConfig.from_dict(stored["config"])
+        except (KeyError, TypeError) as exc:
+            raise ResultError(f"{run_dir / CONFIG_FILE} is not a posbench run config ({exc})") from None
+        return config, engine.checkpoint_path(run_dir / CHECKPOINT_DIR) is not None
+
+    config, has_checkpoint = distributed.run_on_main(read)
     if device is not None:
         config.device = device
-    has_checkpoint = engine.checkpoint_path(run_dir / CHECKPOINT_DIR) is not None
     return execute(config, run_dir.parent.parent.parent, reporter=reporter, callbacks=callbacks,
                    run_dir=run_dir, resume=has_checkpoint)

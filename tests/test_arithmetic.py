@@ -69,13 +69,67 @@ def test_bucket_sampling_is_balanced_and_deterministic():
             seen[(len(a), len(b))] += 1
             assert int(a[::-1]) + int(b[::-1]) == int(c[::-1])
     assert set(seen) == set(pairs) and set(seen.values()) == {8}   # 72 examples / 9 pairs
-    # batch k depends only on (seed, k): a resumed stream yields the same batches
+    # example g depends only on (seed, g): a resumed stream yields the same batches (the state counts
+    # examples since the stream became example-indexed for several processes; it counted batches before)
     resumed = AdditionStream(seed=3, train_digits=3)
-    resumed.load_state_dict({"seed": 3, "index": 2})
+    resumed.load_state_dict({"seed": 3, "examples": 36})
     again = AdditionStream(seed=3, train_digits=3)
     again.next_batch(18), again.next_batch(18)
+    assert again.state_dict() == {"seed": 3, "examples": 36}
     assert torch.equal(resumed.next_batch(18).tokens, again.next_batch(18).tokens)
     assert not torch.equal(AdditionStream(4, 3).next_batch(18).tokens, AdditionStream(3, 3).next_batch(18).tokens)
+
+
+def decode_rows(batch):
+    """(a, b) of every row, read back from the token ids."""
+    pairs = []
+    for row in batch.tokens.tolist():
+        a, rest = TOK.decode(row).split("+")
+        b, _ = rest.split("=")
+        pairs.append((a, b))
+    return pairs
+
+
+@pytest.mark.parametrize("digits", [1, 2, 5, 20])
+def test_vectorised_examples_equal_the_one_by_one_encoding(digits):
+    # the NumPy path (digit arrays, carries, layout, mask) against encode_examples on Python integers
+    stream = AdditionStream(seed=5, train_digits=digits)
+    for size in (1, 7, 300):
+        batch = stream.next_batch(size)
+        pairs = [(int(a[::-1]), int(b[::-1])) for a, b in decode_rows(batch)]
+        reference = encode_examples(pairs, sequence_length(digits))
+        assert torch.equal(batch.tokens, reference.tokens) and torch.equal(batch.targets, reference.targets)
+        assert batch.tokens.dtype == torch.long and batch.n_targets == reference.n_targets
+
+
+def test_examples_do_not_depend_on_how_the_stream_is_cut():
+    # several processes read slices of one stream: any cut gives the same examples (blocks of 256 straddled)
+    whole = AdditionStream(seed=1, train_digits=4).next_batch(700)
+    pieces = AdditionStream(seed=1, train_digits=4)
+    parts = [pieces.next_batch(100)]
+    pieces.skip(200)
+    parts += [pieces.next_batch(300), pieces.next_batch(100)]
+    for part, rows in zip(parts, (slice(0, 100), slice(300, 600), slice(600, 700))):
+        assert torch.equal(part.tokens, whole.tokens[rows]) and torch.equal(part.targets, whole.targets[rows])
+
+
+def test_operand_digits_are_uniform_with_no_leading_zero():
+    # the law of random_operand: exactly i digits, leading digit 1-9 (0-9 for one digit), others 0-9
+    import numpy as np
+
+    batch = AdditionStream(seed=0, train_digits=4).next_batch(16 * 600)
+    pairs = decode_rows(batch)
+    lengths = Counter((len(a), len(b)) for a, b in pairs)
+    assert set(lengths) == set(bucket_pairs(4)) and set(lengths.values()) == {600}
+    leading = Counter(x[-1] for a, b in pairs for x in (a, b) if len(x) > 1)   # reversed: leading digit last
+    single = Counter(x for a, b in pairs for x in (a, b) if len(x) == 1)
+    inner = Counter(d for a, b in pairs for x in (a, b) if len(x) > 1 for d in x[:-1])
+    assert "0" not in leading and set(leading) == set("123456789") and set(single) == set("0123456789")
+    for counts, k in ((leading, 9), (single, 10), (inner, 10)):
+        observed = np.array(list(counts.values()), dtype=float)
+        expected = observed.sum() / k
+        chi2 = ((observed - expected) ** 2 / expected).sum()
+        assert chi2 < 35, (counts, chi2)      # chi-square, 8-9 degrees of freedom: p < 1e-4 for 35
 
 
 def test_exact_match_scorer_on_known_predictions():
@@ -157,7 +211,7 @@ def test_evaluate_real_model_uses_kv_cache_generation():
 
 def test_presets_and_validation():
     cls = TASKS["arithmetic"]
-    assert set(cls.presets) == {"tiny", "small", "paper"} and cls.default_preset == "small"
+    assert set(cls.presets) == {"tiny", "small", "gpu", "paper"} and cls.default_preset == "small"
     paper = resolve_run_config("arithmetic", "rope", "paper")
     assert (paper.model["n_layers"], paper.model["d_model"], paper.model["n_heads"]) == (16, 1024, 16)
     assert (paper.train["batch_size"], paper.train["steps"], paper.train["lr"]) == (512, 20000, 1e-4)

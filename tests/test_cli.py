@@ -113,7 +113,7 @@ def test_end_to_end_two_encodings_then_compare(capsys, tmp_path):
     for path in runs:
         run = path.parent
         assert (run / "checkpoint" / "model.safetensors").is_file()
-        assert (run / "checkpoint" / "train_state.pt").is_file()
+        assert (run / "checkpoint" / "train_state.json").is_file()
         assert len((run / "predictions.jsonl").read_text().splitlines()) == 9 * 4
     code, out, err = run_cli(capsys, "compare", str(out_dir), "--plots", str(tmp_path / "figs"))
     assert code == 0, err

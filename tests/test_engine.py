@@ -105,7 +105,7 @@ def test_resume_after_kill_gives_bitwise_equal_weights(tmp_path, encoding):
     killed = build(task)
     with pytest.raises(StopTraining):
         engine.train(killed, task.train_stream(), train_cfg, checkpoint_dir=tmp_path / "run", callbacks=[kill_at_5])
-    state = torch.load(tmp_path / "run" / "train_state.pt", weights_only=False)
+    state = json.loads((tmp_path / "run" / "train_state.json").read_text())
     assert state["step"] == 3                                   # the last checkpoint before the kill
     engine.seed_everything(123)                                 # a new process: different RNG, fresh model
     resumed = build(task, seed=99)
@@ -114,7 +114,7 @@ def test_resume_after_kill_gives_bitwise_equal_weights(tmp_path, encoding):
     a, b = weights(full), weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["model.safetensors", "model_config.json",
-                                                                   "train_state.pt"]
+                                                                   "optimizer.safetensors", "train_state.json"]
     assert not (tmp_path / "run.tmp").exists() and not (tmp_path / "run.old").exists()
 
 
@@ -155,7 +155,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
                      callbacks=[poison])
     message = str(err.value)
     assert "\n" not in message and "step 5" in message and "last good checkpoint: step 3" in message
-    state = torch.load(tmp_path / "ck" / "train_state.pt", weights_only=False)
+    state = json.loads((tmp_path / "ck" / "train_state.json").read_text())
     assert state["step"] == 3
     fresh = build(task)
     load_weights(fresh, tmp_path / "ck")
@@ -208,3 +208,120 @@ def test_train_result_bookkeeping():
     assert result.steps == 4 and result.tokens == 4 * 32 * 9 and result.target_tokens > 0
     assert math.isfinite(result.final_loss) and result.loss_history[-1][0] == 4
     assert result.tokens_per_s > 0 and not model.training
+
+
+class PoisonAt:
+    """The task's loss, made NaN from optimizer step ``step`` on (no callback needed to poison)."""
+
+    def __init__(self, step, micro_batches=1):
+        self.step, self.micro_batches, self.calls = step, micro_batches, 0
+
+    def __call__(self, model, batch):
+        self.calls += 1
+        loss, n = engine.masked_cross_entropy(model, batch)
+        if (self.calls - 1) // self.micro_batches + 1 >= self.step:
+            loss = loss * float("nan")
+        return loss, n
+
+
+@pytest.mark.parametrize("checkpoint_every,last_good", [(4, 4), (6, 0)])
+def test_non_finite_loss_is_caught_by_the_next_log_step_or_checkpoint(tmp_path, checkpoint_every, last_good):
+    # the loss stays on the device between log steps; a NaN at step 5 is caught at the next log step (8) or at
+    # the checkpoint due at step 6, before it is written: the last good checkpoint is never overwritten
+    cfg, task = tiny("rope", "steps=10", f"checkpoint_every={checkpoint_every}", "log_every=8")
+    model = build(task)
+    with pytest.raises(NonFiniteLossError, match="at step 5;") as err:
+        engine.train(model, task.train_stream(), TrainConfig(**cfg.train), checkpoint_dir=tmp_path / "ck",
+                     loss_fn=PoisonAt(5))
+    if last_good:
+        assert json.loads((tmp_path / "ck" / "train_state.json").read_text())["step"] == last_good
+        assert f"last good checkpoint: step {last_good}" in str(err.value)
+    else:
+        assert not (tmp_path / "ck").exists() and "no checkpoint was written" in str(err.value)
+
+
+def test_losses_are_read_only_at_log_steps(monkeypatch):
+    reads = []
+    real = engine.distributed.all_reduce_sum
+
+    def spy(tensor):
+        reads.append(tensor.shape[-1] if tensor.dim() == 2 else None)
+        return real(tensor)
+    monkeypatch.setattr(engine.distributed, "all_reduce_sum", spy)
+    cfg, task = tiny("rope", "steps=10", "log_every=4")
+    result = engine.train(build(task), task.train_stream(), TrainConfig(**cfg.train))
+    assert reads == [4, 4, 2]                 # steps 1-4, 5-8, 9-10: one read each, nothing in between
+    assert [s for s, _ in result.loss_history] == list(range(1, 11)) and math.isfinite(result.final_loss)
+
+
+def test_compile_setting_resolves_per_device_and_is_recorded(tmp_path):
+    assert engine.resolve_compile("auto", torch.device("cpu")) is False
+    assert engine.resolve_compile("auto", torch.device("cuda")) is True
+    assert TrainConfig(compile="on").compile is True and TrainConfig(compile="False").compile is False
+    assert TrainConfig(compile=True).compile is True and TrainConfig().compile == "auto"
+    with pytest.raises(ValueError, match="expected true or false"):
+        TrainConfig(compile="maybe")
+    cfg, _ = tiny("rope", "steps=2")
+    assert cfg.train["compile"] == "auto"
+    outcome = runner.execute(cfg, tmp_path)
+    assert outcome.result["config"]["train"]["compile"] == "auto"
+    assert outcome.result["training"]["compile"] is False             # resolved: off on a CPU
+    assert outcome.result["training"]["fused_optimizer"] is False
+    assert outcome.result["training"]["parallel"] == {"mode": "none", "backend": None, "world_size": 1,
+                                                      "global_batch": 32, "micro_batch_per_rank": 32,
+                                                      "grad_accum_per_rank": 1, "data_sharding": "none"}
+
+
+def test_optimizer_is_fused_only_for_plain_cuda_parameters():
+    _, task = tiny("rope")
+    model = build(task)
+    optimizer = engine.make_optimizer(model, TrainConfig())
+    assert not optimizer.defaults.get("fused")
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    assert {id(p) for g in optimizer.param_groups for p in g["params"]} == trainable
+
+
+def test_batch_counts_targets_on_the_host():
+    tokens = torch.zeros(2, 4, dtype=torch.long)
+    targets = torch.tensor([[1, engine.IGNORE_INDEX, 2, 3], [engine.IGNORE_INDEX] * 4])
+    moved = Batch(tokens, targets).to("cpu")
+    assert moved.target_count == 3 and moved.n_targets == 3
+
+
+@pytest.mark.gpu
+def test_training_steps_do_not_synchronise_the_gpu():
+    """Between log steps nothing in the step waits for the GPU (CUDA sync debug mode turns a sync into an
+    error); the engine alone is tested, with a model that has no syncs of its own."""
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(18, 32), torch.nn.Linear(32, 18)
+
+        def forward(self, tokens, positions=None):
+            return self.head(self.embed(tokens).relu())
+
+    cfg, task = tiny("rope", "steps=6", "log_every=6")
+    stream, checked = task.train_stream(), []
+
+    class Checked:
+        def next_batch(self, b):
+            return stream.next_batch(b)
+
+        def state_dict(self):
+            return stream.state_dict()
+
+        def load_state_dict(self, s):
+            stream.load_state_dict(s)
+
+    def loss_fn(model, batch):
+        torch.cuda.set_sync_debug_mode("error" if 1 < len(checked) < 5 else "default")
+        checked.append(1)
+        return engine.masked_cross_entropy(model, batch)
+
+    try:
+        result = engine.train(Tiny(), Checked(), TrainConfig(**cfg.train), device="cuda", loss_fn=loss_fn)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert result.steps == 6 and result.fused_optimizer and math.isfinite(result.final_loss)
+    assert result.compile is True

@@ -74,7 +74,7 @@ def run(
                             f"{latest_run(out_dir, config.task, config.encoding)}")
                 raise typer.Exit(130) from None
             show_outcome(outcome)
-        if len(configs) > 1:
+        if len(configs) > 1 and outcome.main:
             out().print(f"compare them: posbench compare {out_dir / configs[0].task}")
 
 
@@ -84,6 +84,8 @@ def latest_run(root: Path, task: str, encoding: str) -> str:
 
 
 def show_outcome(outcome) -> None:
+    if not outcome.main:                     # torchrun's other ranks: rank 0 reports
+        return
     result = outcome.result
     metrics = "  ".join(f"{name} {fmt_metric(m)}" for name, m in result["metrics"].items())
     timing = result["timings"]

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posbench import distributed
+
 PROTOCOLS = ("chunks", "sliding")
 SCORING = ("new", "window")
 
@@ -103,21 +105,26 @@ def evaluate(model, tokens: Tensor, length: int, protocol: str = "chunks", strid
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.eval()
+
+    def score_batch(b: int) -> tuple[Tensor, int]:
+        batch = wins[b: b + batch_size]
+        x = torch.stack([tokens[w.start: w.end] for w in batch]).to(device)
+        logits = model(x)[:, :-1]
+        target = x[:, 1:]
+        losses = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                 reduction="none").view(target.shape)
+        # target column j is token start + j + 1; it is scored when start + j + 1 >= score_from
+        offsets = torch.tensor([w.score_from - w.start - 1 for w in batch], device=device)
+        mask = torch.arange(target.shape[1], device=device)[None, :] >= offsets[:, None]
+        return losses[mask].double().sum().cpu(), int(mask.sum())
+
     nll = torch.zeros((), dtype=torch.float64)
     count = 0
     try:
-        for b in range(0, len(wins), batch_size):
-            batch = wins[b: b + batch_size]
-            x = torch.stack([tokens[w.start: w.end] for w in batch]).to(device)
-            logits = model(x)[:, :-1]
-            target = x[:, 1:]
-            losses = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                     reduction="none").view(target.shape)
-            # target column j is token start + j + 1; it is scored when start + j + 1 >= score_from
-            offsets = torch.tensor([w.score_from - w.start - 1 for w in batch], device=device)
-            mask = torch.arange(target.shape[1], device=device)[None, :] >= offsets[:, None]
-            nll += losses[mask].double().sum().cpu()
-            count += int(mask.sum())
+        # batches split across torchrun's processes, summed in batch order: the single-process sum exactly
+        for batch_nll, batch_count in distributed.shard_map(score_batch, range(0, len(wins), batch_size)):
+            nll += batch_nll
+            count += batch_count
     finally:
         model.train(was_training)
     return PerplexityResult(length, protocol, stride if protocol == "sliding" else None,

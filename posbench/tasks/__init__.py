@@ -7,10 +7,10 @@ by subclassing ``Task``; third-party tasks come through the ``posbench.tasks`` e
 import importlib
 import pkgutil
 
-from posbench.tasks.base import PRESET_NAMES, TASKS, EmptyStream, SeededStream, Task
+from posbench.tasks.base import PRESET_NAMES, TASKS, EmptyStream, IndexedStream, SeededStream, Task
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name != "base" and not _module.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["PRESET_NAMES", "TASKS", "EmptyStream", "SeededStream", "Task"]
+__all__ = ["PRESET_NAMES", "TASKS", "EmptyStream", "IndexedStream", "SeededStream", "Task"]

@@ -19,7 +19,7 @@ from posbench.data.lm import TokenStream, token_stream
 from posbench.data.sources import WHAT_TO_PASS, hub_offline, open_source
 from posbench.data.tokenizer import Tokenizer, build_tokenizer, parse_bpe_spec, tokenizer_from_spec
 from posbench.engine import Batch
-from posbench.tasks.base import SeededStream, Task
+from posbench.tasks.base import IndexedStream, Task
 
 BPE_TRAIN_CHARS = 2_000_000
 
@@ -83,9 +83,10 @@ class TokenizerMixin:
         return build_tokenizer(spec, train_texts=self.train_texts, trained_on=self.bpe_trained_on())
 
 
-class ChunkStream(SeededStream):
+class ChunkStream(IndexedStream):
     """Non-overlapping windows of ``length + 1`` tokens (inputs and next-token targets), visited in a fresh
-    random order every epoch; batch k is a pure function of (seed, k), so resume is exact."""
+    random order every epoch; example g is a pure function of (seed, g), so resume is exact and several
+    processes read disjoint slices."""
 
     def __init__(self, seed: int, tokens: np.ndarray, length: int):
         super().__init__(seed)
@@ -103,9 +104,9 @@ class ChunkStream(SeededStream):
             self._perms[epoch] = np.random.default_rng([self.seed, 7, epoch]).permutation(self.n_chunks)
         return self._perms[epoch]
 
-    def make_batch(self, rng: np.random.Generator, batch_size: int, index: int) -> Batch:
+    def make_examples(self, start: int, count: int) -> Batch:
         rows = []
-        for g in range(index * batch_size, (index + 1) * batch_size):
+        for g in range(start, start + count):
             epoch, pos = divmod(g, self.n_chunks)
             start = int(self._perm(epoch)[pos]) * self.length
             rows.append(self.tokens[start: start + self.length + 1])

@@ -23,10 +23,11 @@ import numpy as np
 import torch
 
 from posbench.errors import ConfigError
-from posbench.data.char import EOS, PAD, CharTokenizer
+from posbench import distributed
+from posbench.data.char import BOS, EOS, PAD, SPECIALS, UNK, CharTokenizer
 from posbench.engine import IGNORE_INDEX, Batch
 from posbench.results import Axis, Evaluation, Grid, Metric
-from posbench.tasks.base import SeededStream, Task, config_hash
+from posbench.tasks.base import DEV_CPU, H100, IndexedStream, Task, config_hash
 
 TOKENIZER = CharTokenizer()
 
@@ -39,7 +40,7 @@ def random_operand(rng: np.random.Generator, digits: int) -> int:
         return int(rng.integers(0, 10))
     first = int(rng.integers(1, 10))
     rest = rng.integers(0, 10, size=digits - 1)
-    return int(str(first) + "".join(map(str, rest)))
+    return int(str(first) + (rest.astype(np.uint8) + 48).tobytes().decode("ascii"))
 
 
 def format_example(a: int, b: int) -> tuple[str, str]:
@@ -58,7 +59,8 @@ def sequence_length(max_digits: int) -> int:
 
 def encode_examples(pairs: list[tuple[int, int]], length: int) -> Batch:
     """Training tensors: inputs ``ids[:-1]``, targets ``ids[1:]`` masked up to and including ``=``,
-    right-padded to ``length - 1`` with PAD (ignored in the loss)."""
+    right-padded to ``length - 1`` with PAD (ignored in the loss). One example at a time, from Python
+    integers: the reference ``encode_digits`` is checked against."""
     n = length - 1
     tokens = torch.full((len(pairs), n), PAD, dtype=torch.long)
     targets = torch.full((len(pairs), n), IGNORE_INDEX, dtype=torch.long)
@@ -74,21 +76,91 @@ def encode_examples(pairs: list[tuple[int, int]], length: int) -> Batch:
     return Batch(tokens, targets)
 
 
-class AdditionStream(SeededStream):
-    """Bucketed training examples; batch k is a pure function of (seed, k)."""
+DIGIT0, PLUS, EQUALS = TOKENIZER.id_of("0"), TOKENIZER.id_of("+"), TOKENIZER.id_of("=")
+
+
+def random_digits(rng: np.random.Generator, lengths: np.ndarray, width: int) -> np.ndarray:
+    """Operands with exactly ``lengths [n, 2]`` digits, uniform (the same law as ``random_operand``), as
+    digit arrays ``[n, 2, width]`` least-significant first, zero beyond each length."""
+    digits = rng.integers(0, 10, size=(*lengths.shape, width), dtype=np.int8)
+    lead = rng.integers(1, 10, size=lengths.shape, dtype=np.int8)
+    column = np.arange(width)
+    length = lengths[..., None]
+    digits = np.where(column < length, digits, 0)
+    top = (column == length - 1) & (length > 1)       # the leading digit of a number of 2+ digits: 1-9
+    return np.where(top, lead[..., None], digits).astype(np.int8)
+
+
+def encode_digits(lengths: np.ndarray, digits: np.ndarray, length: int) -> Batch:
+    """``encode_examples`` for operands given as digit arrays (``random_digits``), vectorised with NumPy: the
+    sum with its carries, the reversed ``A+B=C`` + EOS layout, the PAD padding and the loss mask."""
+    n, width = len(lengths), digits.shape[-1]
+    la, lb = lengths[:, 0:1].astype(np.int64), lengths[:, 1:2].astype(np.int64)
+    pair_sum = digits[:, 0].astype(np.int16) + digits[:, 1]
+    total = np.zeros((n, width + 1), dtype=np.int16)
+    carry = np.zeros(n, dtype=np.int16)
+    for k in range(width):
+        column = pair_sum[:, k] + carry
+        carry = column // 10
+        total[:, k] = column - 10 * carry
+    total[:, width] = carry
+    longer = np.maximum(la, lb)
+    lc = longer + np.take_along_axis(total, longer, axis=1)       # one more digit if the last carry is 1
+    # one row of sources per example: [A digits | + | B digits | = | C digits | EOS | PAD], then each output
+    # column picks its source by the segment it falls in
+    ones = np.ones((n, 1), dtype=np.int16)
+    source = np.concatenate([digits[:, 0] + DIGIT0, PLUS * ones, digits[:, 1] + DIGIT0, EQUALS * ones,
+                             total + DIGIT0, EOS * ones, PAD * ones], axis=1)
+    col = np.arange(length)[None, :]
+    c_start = la + lb + 2                                   # the first answer digit
+    eos_at = c_start + lc
+    index = np.where(col < la, col, col - la + width)                                  # A, then + and B
+    index = np.where(col < c_start - 1, index, col - (c_start - 1) + 2 * width + 1)    # = and C
+    index = np.where(col < eos_at, index, np.where(col == eos_at, 3 * width + 3, 3 * width + 4))
+    ids = np.take_along_axis(source, index, axis=1).astype(np.int64)
+    if int(eos_at.max(initial=0)) >= length:
+        raise ValueError(f"example of {int(eos_at.max()) + 1} tokens exceeds the sequence length {length}")
+    input_col = col[:, :-1]
+    tokens = np.where(input_col < eos_at, ids[:, :-1], PAD)          # EOS is predicted, never an input
+    keep = (input_col >= c_start - 1) & (input_col < eos_at)       # from the prediction made at '=' to EOS
+    targets = np.where(keep, ids[:, 1:], IGNORE_INDEX)
+    return Batch(torch.from_numpy(tokens), torch.from_numpy(targets), target_count=int(keep.sum()))
+
+
+class AdditionStream(IndexedStream):
+    """Bucketed training examples: example g has operand lengths ``bucket_pairs[g mod P]`` and digits drawn
+    from (seed, g // BLOCK), so it is the same whatever the batch size or the number of processes."""
+
+    BLOCK = 256
+    TAG = 0x41444421      # keeps the training draws apart from the evaluation's (eval_seed, i, j) seeds
 
     def __init__(self, seed: int, train_digits: int):
         super().__init__(seed)
         self.pairs = bucket_pairs(train_digits)
+        self.lengths = np.array(self.pairs, dtype=np.int64)
+        self.digits = train_digits
         self.length = sequence_length(train_digits)
+        self._blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    def make_batch(self, rng: np.random.Generator, batch_size: int, index: int) -> Batch:
-        start = index * batch_size
-        operands = []
-        for g in range(start, start + batch_size):
-            i, j = self.pairs[g % len(self.pairs)]
-            operands.append((random_operand(rng, i), random_operand(rng, j)))
-        return encode_examples(operands, self.length)
+    def _block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        if block not in self._blocks:
+            if len(self._blocks) >= 4:
+                self._blocks.pop(next(iter(self._blocks)))
+            rng = np.random.default_rng(np.random.SeedSequence([self.seed, self.TAG, block]))
+            g = np.arange(block * self.BLOCK, (block + 1) * self.BLOCK)
+            lengths = self.lengths[g % len(self.lengths)]
+            self._blocks[block] = (lengths, random_digits(rng, lengths, self.digits))
+        return self._blocks[block]
+
+    def make_examples(self, start: int, count: int) -> Batch:
+        lengths, digits = [], []
+        for block in range(start // self.BLOCK, (start + count - 1) // self.BLOCK + 1):
+            lo = max(start, block * self.BLOCK) - block * self.BLOCK
+            hi = min(start + count, (block + 1) * self.BLOCK) - block * self.BLOCK
+            block_lengths, block_digits = self._block(block)
+            lengths.append(block_lengths[lo:hi])
+            digits.append(block_digits[lo:hi])
+        return encode_digits(np.concatenate(lengths), np.concatenate(digits), self.length)
 
 
 # ---- scoring -----------------------------------------------------------------------------------------------
@@ -155,6 +227,8 @@ class Arithmetic(Task):
             "train": {"steps": 30, "batch_size": 32, "lr": 3e-3, "warmup_ratio": 0.1, "log_every": 10,
                       "threads": 1},
             "task": {"train_digits": 2, "eval_digits": 3, "eval_samples": 8},
+            "expected": {"seconds": 6, "hardware": DEV_CPU, "how": "measured",
+                         "note": "posbench run -e rope -t arithmetic -p tiny, Python start-up included"},
         },
         "small": {
             # tuned on a 2-core CPU (benchmarks/arithmetic_small.py): RoPE and TAPE both reach >= 90% on the
@@ -162,14 +236,49 @@ class Arithmetic(Task):
             "model": {"d_model": 64, "n_layers": 4, "n_heads": 4, "max_seq_len": 0},
             "train": {"steps": 4000, "batch_size": 64, "lr": 1e-3, "warmup_ratio": 0.05, "log_every": 250},
             "task": {"train_digits": 5, "eval_samples": 100},
+            "expected": {"seconds": 360, "hardware": DEV_CPU, "how": "measured",
+                         "note": "RoPE 278 s, TAPE 359 s (benchmarks/arithmetic_small.py, README, machine shared)"},
+        },
+        "gpu": {
+            # The paper's recipe at half the operand length, so one encoding trains and evaluates in minutes on
+            # one H100 while the comparison the paper draws stays: train on operands of up to 10 digits, test on
+            # a 20 x 20 grid (2x the training length, so 25% of the cells are in distribution, as in the
+            # paper's 40 x 40 grid), and as many examples per operand-length pair as the paper (5,000 x 512 /
+            # 100 pairs = 25.6k; paper 20k x 512 / 400 pairs), with half the depth and width (8 x 512, GLU
+            # width = d_model as the paper's) and the paper's batch in one micro-batch.
+            # Time (ESTIMATED, not measured: no GPU here): at this size a step is bound by PyTorch's per-kernel
+            # host cost, not by FLOPs (1.5 TFLOP per step): counted aten ops per step (RoPE 2,287, TAPE 3,595)
+            # x 23 us (the H100 measurements: paper LM RoPE 78.8 ms for 3,374 ops, TAPE 117 ms for 5,430) ->
+            # 53 / 83 ms eager, x 5,000 steps = 265 / 415 s; evaluation 668 decoding steps (batches of 2,048)
+            # x 19 / 29 ms (568 / 869 ops per token at the 37 ms per 1,104 ops measured for decoding) = 13 /
+            # 19 s; plus ~15 s start-up and checkpoints. train.compile (auto: on for CUDA) should cut the
+            # training part several-fold after ~1 minute of compilation.
+            "model": {"d_model": 512, "n_layers": 8, "n_heads": 8, "d_ff": 512, "max_seq_len": 0},
+            "train": {"steps": 5000, "batch_size": 512, "lr": 3e-4, "warmup_ratio": 0.02, "log_every": 250,
+                      "checkpoint_every": 1000},
+            "task": {"train_digits": 10, "eval_digits": 20, "eval_samples": 100, "eval_batch_size": 2048},
+            "expected": {"seconds": 450, "hardware": H100, "how": "estimated",
+                         "note": "TAPE eager (the slowest); RoPE ~300 s; FLOP and kernel-count scaling of the "
+                                 "H100 measurements, see the preset's comment"},
         },
         "paper": {
             # TAPE Table 5 / zhuconv/arithmetic: 16 layers, width 1024, 16 heads, GLU width 1024 after gating,
-            # sequence length 64 for 20-digit operands, batch 512 (2 x 256), 20k steps, AdamW lr 1e-4.
+            # sequence length 64 for 20-digit operands, batch 512 (the reference: 2 x 256), 20k steps, AdamW
+            # lr 1e-4. One micro-batch of 512 here (the same gradient; half the kernel launches per step, and
+            # an H100 holds it), and evaluation in batches of 2,048 prompts (3,986 decoding steps instead of
+            # 6,782 with 1,024; the KV cache of 2,048 x 122 tokens x 16 layers is ~16 GiB in bf16).
+            # Time (ESTIMATED): measured today 0.213 s/step eager with 2 micro-batches (71 min of training);
+            # eager with one micro-batch, no per-step sync and the vectorised data: 4,455 ops x 23 us = 102 ms
+            # (34 min) for RoPE, 7,259 ops (167 ms) for TAPE; with train.compile (auto on CUDA) the step
+            # should become GPU-bound: 2.3e13 FLOP at ~35% of 989 TFLOP/s = 67 ms (22 min), plus evaluation
+            # 3,986 x 37 ms = 2.5 min.
             "model": {"d_model": 1024, "n_layers": 16, "n_heads": 16, "d_ff": 1024, "max_seq_len": 0},
-            "train": {"steps": 20000, "batch_size": 512, "grad_accum": 2, "lr": 1e-4, "log_every": 200,
+            "train": {"steps": 20000, "batch_size": 512, "grad_accum": 1, "lr": 1e-4, "log_every": 200,
                       "checkpoint_every": 2000},
-            "task": {"train_digits": 20, "eval_digits": 40, "eval_samples": 100},
+            "task": {"train_digits": 20, "eval_digits": 40, "eval_samples": 100, "eval_batch_size": 2048},
+            "expected": {"seconds": 1500, "hardware": H100, "how": "estimated",
+                         "note": "RoPE with train.compile=auto (on); eager ~37 min; TAPE eager ~60 min, within "
+                                 "30 min only once TAPE compiles into one graph (issue 8)"},
         },
     }
 
@@ -203,7 +312,9 @@ class Arithmetic(Task):
         return {"data": self.config.seed, "eval": self.opts["eval_seed"]}
 
     def data_info(self) -> dict[str, Any]:
-        spec = {"generator": "bucketed reversed addition v1", "train_digits": self.opts["train_digits"],
+        # v2: training examples drawn per block of 256 examples (the same law; other examples per seed than v1,
+        # which drew per batch); the evaluation examples are unchanged
+        spec = {"generator": "bucketed reversed addition v2", "train_digits": self.opts["train_digits"],
                 "eval_digits": self.eval_digits, "eval_samples": self.opts["eval_samples"],
                 "eval_seed": self.opts["eval_seed"], "data_seed": self.config.seed}
         return {"source": "synthetic (McLeish et al. bucket method, reversed operands and sum)",
@@ -214,36 +325,55 @@ class Arithmetic(Task):
         rng = np.random.default_rng(np.random.SeedSequence([self.opts["eval_seed"], i, j]))
         return [(random_operand(rng, i), random_operand(rng, j)) for _ in range(self.opts["eval_samples"])]
 
-    def evaluate(self, model, device: torch.device, reporter: Any) -> Evaluation:
-        top, train = self.eval_digits, self.opts["train_digits"]
-        cells = bucket_pairs(top)
-        by_length: dict[int, list[tuple[int, int]]] = defaultdict(list)   # prompts of equal length batch
-        for i, j in cells:
+    def eval_batches(self) -> list[list[tuple[tuple[int, int], int, int]]]:
+        """The evaluation examples ``(cell, a, b)`` in decoding batches: prompts of equal length (cells with
+        the same i + j) together, at most ``eval_batch_size`` per batch."""
+        by_length: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for i, j in bucket_pairs(self.eval_digits):
             by_length[i + j].append((i, j))
-        counts: dict[tuple[int, int], list[int]] = {cell: [0, 0] for cell in cells}
-        predictions: list[dict[str, Any]] = []
-        bar = reporter.task("eval", total=len(cells), unit="cell") if reporter else None
-        done = 0
+        size = self.opts["eval_batch_size"]
+        batches = []
         for total_len in sorted(by_length):
             group = [(cell, a, b) for cell in by_length[total_len] for a, b in self.eval_examples(*cell)]
-            max_new = max(max(i, j) for (i, j), _, _ in group) + 2
-            for start in range(0, len(group), self.opts["eval_batch_size"]):
-                chunk = group[start:start + self.opts["eval_batch_size"]]
-                texts = [format_example(a, b) for _, a, b in chunk]
-                prompt = torch.tensor([TOKENIZER.encode(p) for p, _ in texts], device=device)
-                out = model.generate(prompt, max_new_tokens=max_new, eos_id=EOS).tolist()
-                for (cell, a, b), (p, answer), pred in zip(chunk, texts, out):
-                    correct = exact_match(pred, TOKENIZER.encode(answer, eos=True))
-                    counts[cell][0] += int(correct)
-                    counts[cell][1] += 1
-                    predictions.append({"len_a": cell[0], "len_b": cell[1], "a": str(a), "b": str(b),
-                                        "prompt": p, "target": answer,
-                                        "prediction": TOKENIZER.decode(_until_eos(pred)), "correct": correct})
-            done += len(by_length[total_len])
+            batches += [group[start:start + size] for start in range(0, len(group), size)]
+        return batches
+
+    def evaluate(self, model, device: torch.device, reporter: Any) -> Evaluation:
+        """Greedy decoding of every batch (split across torchrun's processes and gathered in order, so the
+        metrics equal one process's), then exact-match scoring of whole answers, vectorised on the host."""
+        top, train = self.eval_digits, self.opts["train_digits"]
+        cells = bucket_pairs(top)
+        batches = self.eval_batches()
+        texts = [[format_example(a, b) for _, a, b in batch] for batch in batches]
+        total = sum(len(batch) for batch in batches)
+        bar = reporter.task("eval", total=total, unit="example") if reporter else None
+        done = [0]
+
+        def decode(index: int) -> np.ndarray:
+            batch = batches[index]
+            max_new = max(max(cell) for cell, _, _ in batch) + 2      # the longest answer, EOS and one more
+            prompt = encode_equal_length([p for p, _ in texts[index]]).to(device)
+            out = model.generate(prompt, max_new_tokens=max_new, eos_id=EOS)
+            return out.to("cpu", torch.int8).numpy()               # ids < 128: a small gather
+
+        def progress(n_batches: int) -> None:
             if bar:
-                bar.update(done)
+                bar.update(min(total, round(total * n_batches / max(len(batches), 1))))
+        outputs = distributed.shard_map(decode, range(len(batches)),
+                                        cost=lambda i: len(batches[i]) * (max(max(c) for c, _, _ in batches[i]) + 2),
+                                        on_done=progress)
         if bar:
             bar.close()
+        counts: dict[tuple[int, int], list[int]] = {cell: [0, 0] for cell in cells}
+        predictions: list[dict[str, Any]] = []
+        for batch, pairs, out in zip(batches, texts, outputs):
+            correct = score_answers([answer for _, answer in pairs], out)
+            shown = decode_until_eos(out)
+            for (cell, a, b), (p, answer), ok, pred in zip(batch, pairs, correct.tolist(), shown):
+                counts[cell][0] += ok
+                counts[cell][1] += 1
+                predictions.append({"len_a": cell[0], "len_b": cell[1], "a": str(a), "b": str(b), "prompt": p,
+                                    "target": answer, "prediction": pred, "correct": ok})
         grid_counts = {cell: (c, n) for cell, (c, n) in counts.items()}
         metrics = summarise(grid_counts, train)
         lengths = list(range(1, top + 1))
@@ -258,8 +388,47 @@ class Arithmetic(Task):
                                 "decoding": "greedy, KV cache"})
 
 
-def _until_eos(ids: list[int]) -> list[int]:
-    return ids[: ids.index(EOS)] if EOS in ids else ids
+# ---- host-side encoding and scoring, vectorised ----------------------------------------------------------
+
+_TO_ID = np.full(256, UNK, dtype=np.int64)
+for _char, _id in TOKENIZER.to_id.items():
+    _TO_ID[ord(_char)] = _id
+_TO_CHAR = np.full(256, ord("?"), dtype=np.uint8)          # what TOKENIZER.decode shows, 0 = dropped
+_TO_CHAR[[PAD, BOS, EOS]] = 0
+for _index, _char in enumerate(TOKENIZER.chars):
+    _TO_CHAR[len(SPECIALS) + _index] = ord(_char)
+
+
+def encode_equal_length(prompts: list[str]) -> torch.Tensor:
+    """``TOKENIZER.encode`` of equally long ASCII prompts as one ``[n, L]`` tensor."""
+    raw = np.frombuffer("".join(prompts).encode("ascii"), dtype=np.uint8)
+    return torch.from_numpy(_TO_ID[raw].reshape(len(prompts), -1))
+
+
+def score_answers(answers: list[str], predicted: np.ndarray) -> np.ndarray:
+    """``exact_match`` of every row of ``predicted [n, W]`` against ``encode(answer) + [EOS]``: the first
+    ``len(answer) + 1`` ids must be the answer's digits and EOS (what follows is ignored)."""
+    n, width = predicted.shape
+    lengths = np.array([len(a) for a in answers], dtype=np.int64)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    if int(lengths.max()) + 1 > width:
+        raise ValueError("predictions are shorter than the answers they are scored against")
+    target = np.full((n, width), -1, dtype=np.int64)       # -1: not compared
+    rows = np.repeat(np.arange(n), lengths)
+    cols = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    target[rows, cols] = _TO_ID[np.frombuffer("".join(answers).encode("ascii"), dtype=np.uint8)]
+    target[np.arange(n), lengths] = EOS
+    return ((predicted.astype(np.int64) == target) | (target < 0)).all(axis=1)
+
+
+def decode_until_eos(predicted: np.ndarray) -> list[str]:
+    """``TOKENIZER.decode`` of every row up to its first EOS."""
+    ids = predicted.astype(np.int64)
+    is_eos = ids == EOS
+    cut = np.where(is_eos.any(axis=1), is_eos.argmax(axis=1), ids.shape[1])
+    chars = _TO_CHAR[np.clip(ids, 0, 255)]                 # ids past the vocabulary show as "?"
+    return [row[:k].tobytes().replace(b"\0", b"").decode("ascii") for row, k in zip(chars, cut.tolist())]
 
 
 def _pct(x: float | None) -> float | None:

@@ -21,19 +21,22 @@ Class attributes:
   named like a generic CLI flag (``data``, ``datasets``, see ``config.TASK_FLAGS``) is also set by that flag
   (``posbench run --task pretrain --data PATH`` sets ``task.data``); a flag the task lacks is a one-line error.
 - ``option_help``: one line per option, shown by ``posbench ls tasks``.
-- ``presets``: ``{"tiny": {...}, "small": {...}, "paper": {...}}``; each preset is
+- ``presets``: ``{"tiny": {...}, "small": {...}, "gpu": {...}, "paper": {...}}``; each preset is
   ``{"model": {...}, "train": {...}, "task": {...}}`` overriding the built-in defaults of those sections
   (``ModelConfig``, ``engine.TrainConfig``, ``options``). ``tiny`` must run in seconds on a CPU (tests),
-  ``small`` in minutes on a 2-core CPU (the default), ``paper`` is the paper's recipe for a GPU.
+  ``small`` in minutes on a 2-core CPU (the default), ``gpu`` in at most 10 minutes per encoding on one
+  H100 (the paper's recipe scaled down so that its comparison still shows), ``paper`` is the paper's recipe.
   A preset may also carry ``"expected": {"seconds": S, "hardware": "...", "how": "measured" | "estimated",
   "note": "..."}``: the wall time of one run of one encoding (training and evaluation) on that hardware,
   shown by ``posbench ls presets``; it is not a configuration section.
 - ``default_preset``: ``"small"``.
 
 Training data: ``train_stream()`` returns an object with ``next_batch(batch_size) -> engine.Batch`` and a
-``state_dict()`` / ``load_state_dict()`` pair that captures the stream position, so ``--resume`` continues
-with exactly the batches an uninterrupted run would have seen. Synthetic tasks can subclass
-``SeededStream`` (batch k is a pure function of (seed, k)); corpus tasks keep e.g. a shard/offset cursor.
+``state_dict()`` / ``load_state_dict()`` pair (plain JSON) that captures the stream position, so ``--resume``
+continues with exactly the batches an uninterrupted run would have seen. Prefer ``IndexedStream`` (example g
+is a pure function of (seed, g), whatever the batch sizes): under torchrun each process then skips to its own
+slice of every step's batch. ``SeededStream`` (batch k is a pure function of (seed, k)) also works with
+several processes, but each of them builds every batch and keeps its rows.
 The loss mask is the batch's ``targets``: ``engine.IGNORE_INDEX`` wherever no loss is taken. Override
 ``loss(model, batch) -> (loss_sum, n_tokens)`` only for something other than masked token cross-entropy.
 A task that only evaluates (starting from ``--init RUN_DIR``) sets ``train.steps`` to 0 in its presets.
@@ -68,7 +71,10 @@ if TYPE_CHECKING:
     from posbench.config import RunConfig
 
 TASKS: Registry = Registry("task", entry_point_group="posbench.tasks")
-PRESET_NAMES = ("tiny", "small", "paper")
+PRESET_NAMES = ("tiny", "small", "gpu", "paper")
+# the hardware the presets' "expected" times refer to
+DEV_CPU = "2-core x86-64 CPU (Intel Xeon, shared), torch 2.13.0+cpu"
+H100 = "1x NVIDIA H100 80GB"
 
 
 class Task:
@@ -135,6 +141,36 @@ class Task:
             valid = ", ".join(cls.presets) or "none"
             raise ConfigError(f"task '{cls.name}' has no preset '{name}'; presets: {valid}")
         return cls.presets[name]
+
+
+class IndexedStream:
+    """A resumable stream whose g-th example is a pure function of (seed, g), whatever the batch sizes.
+
+    Subclasses implement ``make_examples(start, count) -> Batch`` (examples ``start .. start + count - 1``);
+    the state is the number of examples drawn. ``skip(n)`` passes over n examples: several processes read
+    disjoint slices of the same stream with it (``posbench.distributed.RankBatches``).
+    """
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+        self.index = 0
+
+    def make_examples(self, start: int, count: int):
+        raise NotImplementedError
+
+    def next_batch(self, batch_size: int):
+        batch = self.make_examples(self.index, batch_size)
+        self.index += batch_size
+        return batch
+
+    def skip(self, count: int) -> None:
+        self.index += count
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "examples": self.index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seed, self.index = int(state["seed"]), int(state["examples"])
 
 
 class SeededStream:

@@ -23,7 +23,9 @@ from posbench.evaluation.perplexity import PROTOCOLS, SCORING
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
 from posbench.results import Axis, Evaluation, Grid, Metric
 from posbench.tasks._lm_common import CorpusTask
-from posbench.tasks.pretrain import PAPER_MODEL, PAPER_TRAIN, Pretrain
+from posbench.tasks.base import DEV_CPU, H100
+from posbench.tasks.pretrain import (GPU_MODEL, GPU_TASK, GPU_TRAIN, PAPER_EXPECTED, PAPER_MODEL, PAPER_TRAIN,
+                                     Pretrain)
 
 
 class Perplexity(CorpusTask):
@@ -39,11 +41,25 @@ class Perplexity(CorpusTask):
                    "init_steps": "training steps when starting from --init (0: evaluate the checkpoint as is)"}
     presets = {
         "tiny": {**Pretrain.presets["tiny"], "task": {**Pretrain.presets["tiny"]["task"],
-                                                      "length_factors": [1, 2, 4]}},
-        "small": {**Pretrain.presets["small"], "task": {**Pretrain.presets["small"]["task"], "eval_tokens": 32768}},
+                                                      "length_factors": [1, 2, 4]},
+                 "expected": {"seconds": 6, "hardware": DEV_CPU, "how": "measured",
+                              "note": "from scratch; 3 s with --init (evaluation only); Python start-up included"}},
+        "small": {**Pretrain.presets["small"], "task": {**Pretrain.presets["small"]["task"], "eval_tokens": 32768},
+                  "expected": {"seconds": 42, "hardware": DEV_CPU, "how": "measured",
+                               "note": "with --init a small pretrain run (36-42 s, README); from scratch add the "
+                                       "pretrain small training (~230 s)"}},
+        # the pretrain gpu recipe, then perplexity at 1-8x its 512 tokens over the whole held-out split
+        # (372k bytes; forward passes only: seconds). ESTIMATED as pretrain's gpu preset plus ~20 s.
+        "gpu": {"model": dict(GPU_MODEL), "train": dict(GPU_TRAIN),
+                "task": {**GPU_TASK, "length_factors": [1, 2, 4, 8]},
+                "expected": {"seconds": 290, "hardware": H100, "how": "estimated",
+                             "note": "from scratch, TAPE eager (see tasks/pretrain.py); ~20 s with --init"}},
         "paper": {"model": dict(PAPER_MODEL), "train": dict(PAPER_TRAIN),
                   "task": {"data": "allenai/c4:en", "tokenizer": "bpe:32000", "eval_tokens": 4_000_000,
-                           "eval_batch_size": 8, "length_factors": [1, 2, 4, 6]}},
+                           "eval_batch_size": 8, "length_factors": [1, 2, 4, 6]},
+                  "expected": {**PAPER_EXPECTED, "seconds": 18600,
+                               "note": "from scratch: the pretrain paper time plus ~10 min of evaluation (T5 and "
+                                       "FIRE longer at 6x); with --init only the evaluation"}},
     }
 
     def validate(self) -> None:

@@ -1,0 +1,37 @@
+"""Every task that trains has tiny, small, gpu and paper presets; each resolves to a valid configuration and
+says how long one run of one encoding takes, on which hardware, and whether that was measured or estimated."""
+
+import pytest
+
+from posbench.config import resolve_run_config
+from posbench.tasks import PRESET_NAMES, TASKS
+
+TRAINING_TASKS = ["arithmetic", "pretrain", "perplexity", "passkey", "scrolls"]
+
+
+@pytest.mark.parametrize("task", TRAINING_TASKS)
+def test_every_preset_exists_and_resolves(task):
+    cls = TASKS[task]
+    assert tuple(cls.presets) == PRESET_NAMES == ("tiny", "small", "gpu", "paper")
+    for preset in cls.presets:
+        config = resolve_run_config(task, "tape", preset)
+        assert config.preset == preset and "expected" not in config.to_dict()
+
+
+@pytest.mark.parametrize("task", TRAINING_TASKS)
+def test_every_preset_states_its_expected_time(task):
+    for preset, sections in TASKS[task].presets.items():
+        expected = sections["expected"]
+        assert set(expected) == {"seconds", "hardware", "how", "note"}, (task, preset)
+        assert isinstance(expected["seconds"], (int, float)) and expected["seconds"] > 0
+        assert expected["how"] in ("measured", "estimated") and expected["hardware"] and expected["note"]
+        if preset == "gpu":       # the budget: one encoding in at most 10 minutes on one H100
+            assert expected["seconds"] <= 600 and "H100" in expected["hardware"]
+        if preset in ("gpu", "paper"):
+            assert expected["how"] == "estimated"      # no GPU has measured them yet
+
+
+def test_paper_arithmetic_is_one_micro_batch_and_large_evaluation_batches():
+    config = resolve_run_config("arithmetic", "rope", "paper")
+    assert (config.train["batch_size"], config.train["grad_accum"]) == (512, 1)
+    assert config.task_options["eval_batch_size"] == 2048
