@@ -32,7 +32,7 @@ from posbench.errors import ConfigError
 from posbench.engine import IGNORE_INDEX, Batch
 from posbench.evaluation import passkey as pk
 from posbench.results import Axis, Evaluation, Grid, Metric
-from posbench.tasks._lm_common import TokenizerMixin
+from posbench.tasks._lm_common import TokenizerMixin, next_token_pair
 from posbench.tasks.base import SeededStream, Task, config_hash
 
 MODES = ("grid", "longlora")
@@ -59,13 +59,8 @@ class PasskeyStream(SeededStream):
             answer_len = len(self.builder.tok.encode(pk.answer_text(key)))
             p = self.builder.build(self.length - answer_len, depth, key)
             seq = p.prompt_ids + p.answer_ids + [self.eos_id]          # length + 1 tokens
-            x, y = torch.tensor(seq[:-1]), torch.tensor(seq[1:])
-            tokens[row] = x
-            if self.loss == "answer":
-                start = len(p.prompt_ids) - 1                         # target of the last prompt token
-                targets[row, start:] = y[start:]
-            else:
-                targets[row] = y
+            loss_from = len(p.prompt_ids) if self.loss == "answer" else 0
+            tokens[row], targets[row] = next_token_pair(seq, loss_from)
         return Batch(tokens, targets)
 
 

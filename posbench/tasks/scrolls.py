@@ -37,7 +37,7 @@ from posbench.data.errors import DataError
 from posbench.engine import IGNORE_INDEX, Batch
 from posbench.metrics import DATASET_TO_METRICS, scrolls as scrolls_metric, scrolls_score
 from posbench.results import Evaluation, Metric, atomic_write_json, mean_stderr
-from posbench.tasks._lm_common import TokenizerMixin
+from posbench.tasks._lm_common import TokenizerMixin, next_token_pair
 from posbench.tasks.base import SeededStream, Task, config_hash
 
 # paper Table 1 order: QAS F1, CNLI EM, NQA F1, QuAL EM, QMS Rgm, SumS Rgm, GovR Rgm
@@ -65,10 +65,8 @@ class ExampleStream(SeededStream):
         tokens = torch.full((batch_size, n), self.pad_id, dtype=torch.long)
         targets = torch.full((batch_size, n), IGNORE_INDEX, dtype=torch.long)
         for row, (prompt, answer) in enumerate(seqs):
-            seq = torch.tensor(prompt + answer)
-            tokens[row, :len(seq) - 1] = seq[:-1]
-            start = len(prompt) - 1                    # the last prompt token predicts the first answer token
-            targets[row, start:len(seq) - 1] = seq[start + 1:]
+            x, y = next_token_pair(prompt + answer, loss_from=len(prompt))
+            tokens[row, :len(x)], targets[row, :len(y)] = x, y
         return Batch(tokens, targets)
 
 
