@@ -61,11 +61,13 @@ def test_tables_mark_the_best_of_each_column(tmp_path):
     assert report.collect(tmp_path, task="other").tables[0].rows[0].encoding == "rope"
 
 
-def test_duplicate_encodings_get_distinct_labels(tmp_path):
+def test_by_run_gives_duplicate_encodings_distinct_labels(tmp_path):
     atomic_write_json(tmp_path / "t" / "rope" / "1" / "result.json", fake_result("rope", 1.0, seed=0))
     atomic_write_json(tmp_path / "t" / "rope" / "2" / "result.json", fake_result("rope", 2.0, seed=1))
-    labels = [r.label for r in report.collect(tmp_path).tables[0].rows]
+    labels = [r.label for r in report.collect(tmp_path, by_run=True).tables[0].rows]
     assert len(set(labels)) == 2 and all(label.startswith("rope (seed") for label in labels)
+    rows = report.collect(tmp_path).tables[0].rows            # by default the two seeds are one row
+    assert [(r.label, len(r.runs), r.cells["accuracy"].value) for r in rows] == [("rope", 2, 1.5)]
 
 
 def test_every_format_renders(tmp_path):
@@ -80,8 +82,9 @@ def test_every_format_renders(tmp_path):
     tex = report.render_text(rep, "latex")
     assert r"\textbf{60.00}" in tex and r"\begin{tabular}" in tex and r"accuracy\_id" in tex
     data = json.loads(report.render_text(rep, "json"))
-    assert data["tables"][0]["rows"][0]["metrics"]["accuracy"] == {"value": 60.0, "stderr": 1.5, "n": 400,
-                                                                    "best": True}
+    cell = data["tables"][0]["rows"][0]["metrics"]["accuracy"]
+    assert {k: cell[k] for k in ("value", "stderr", "n", "best", "seeds")} == {"value": 60.0, "stderr": 1.5, "n": 400,
+                                                                                "best": True, "seeds": 1}
     assert len(data["skipped"]) == 3
 
 
