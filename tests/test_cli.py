@@ -28,6 +28,32 @@ def test_ls_lists_encodings_tasks_presets(capsys):
     assert code == 0 and "arithmetic" in out and "rope" not in out
 
 
+@pytest.mark.parametrize("width", [80, 400])
+def test_ls_presets_is_readable_at_80_columns_and_shows_the_expected_time(capsys, monkeypatch, width):
+    from posbench.tasks import TASKS
+
+    small = TASKS["arithmetic"].presets["small"]
+    monkeypatch.setitem(small, "expected", {"seconds": 300, "hardware": "2-core CPU", "how": "measured"})
+    monkeypatch.setenv("COLUMNS", str(width))
+    code, out, _ = run_cli(capsys, "ls", "presets")
+    assert code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert "5 min on 2-core CPU (measured)" in out
+    words = set(out.replace("│", " ").replace(",", " ").split())
+    for name in TASKS:
+        assert name in words
+        for preset in TASKS[name].presets:
+            # every preset is one line of its table (not a row spread over many lines)
+            row = [line for line in lines if line.startswith("│") and line.split("│")[1 if width == 80 else 2]
+                   .strip().rstrip("*") == preset and (width == 80 or line.split("│")[1].strip() == name)]
+            assert row, (name, preset)
+    if width == 80:       # one compact table per task; tasks without an expected time show "-"
+        assert "expected -" in out and "5 min" in out
+    else:                 # a wide terminal gets the one full table
+        assert sum(1 for line in lines if line.startswith("┏")) == 1
+
+
 @pytest.mark.parametrize("args,expected", [
     (["run", "-e", "ropee", "-t", "arithmetic"], "unknown encoding 'ropee'. Did you mean 'rope'?"),
     (["run", "-e", "rope,nosuch", "-t", "arithmetic"], "unknown encoding 'nosuch'"),

@@ -71,7 +71,7 @@ def compare(
             console = out()
             for table in result.tables:
                 for item in render(table, console.width):
-                    console.print(item)
+                    console.print(item, soft_wrap=False)       # notes and titles wrap at the width
                 console.print()
         else:
             sys.stdout.write(rep.render_text(result, fmt))

@@ -31,10 +31,11 @@ def fits(renderable: RenderableType, width: int) -> bool:
     return natural_width(renderable) <= width
 
 
-def grid(title: str | None, headers: Sequence[str], rows: Iterable[Sequence[Text | str]],
-         right_from: int = 1, wrap: bool = False) -> Table:
-    """A rich table: first column left-aligned, the others right-aligned from ``right_from`` on."""
-    table = Table(title=None if title is None else Text(title), title_justify="left")
+def grid(headers: Sequence[str], rows: Iterable[Sequence[Text | str]], right_from: int = 1,
+         wrap: bool = False) -> Table:
+    """A rich table: first column left-aligned, the others right-aligned from ``right_from`` on. Its title is
+    printed above it as a line of its own (``render``), so that a long title wraps at the console's width."""
+    table = Table()
     for i, name in enumerate(headers):
         table.add_column(Text(name), justify="right" if i >= right_from else "left", no_wrap=not wrap)
     for row in rows:
@@ -51,14 +52,13 @@ def _cell(table: TaskTable, row, name: str) -> Text:
     return Text(fmt_cell(cell), style=BEST if cell.best else "")
 
 
-def wide(table: TaskTable, columns: Sequence[str] | None = None, title: str | None = None,
-         extras: bool = True) -> Table:
+def wide(table: TaskTable, columns: Sequence[str] | None = None, extras: bool = True) -> Table:
     columns = table.columns if columns is None else columns
     headers = [table.row_header, *[column_header(table, c) for c in columns],
                *(extra_columns(table) if extras else [])]
     rows = [[Text(row.label), *[_cell(table, row, c) for c in columns], *(extra_cells(table, row) if extras else [])]
             for row in table.rows]
-    return grid(_title(table) if title is None else title, headers, rows)
+    return grid(headers, rows)
 
 
 def transposed(table: TaskTable) -> Table:
@@ -67,10 +67,10 @@ def transposed(table: TaskTable) -> Table:
     extra_names = extra_columns(table)
     for i, name in enumerate(extra_names):
         rows.append([name, *[extra_cells(table, row)[i] for row in table.rows]])
-    return grid(_title(table), headers, rows)
+    return grid(headers, rows)
 
 
-def split(table: TaskTable, width: int) -> list[Table]:
+def split(table: TaskTable, width: int) -> list[tuple[str, Table]]:
     """Consecutive metric columns, as many per table as fit ``width`` (at least one)."""
     chunks: list[list[str]] = []
     current: list[str] = []
@@ -87,36 +87,37 @@ def split(table: TaskTable, width: int) -> list[Table]:
     out = []
     for i, chunk in enumerate(chunks):
         title = _title(table) + (f"  [{i + 1}/{len(chunks)}]" if len(chunks) > 1 else "")
-        out.append(wide(table, chunk, title=title, extras=i == len(chunks) - 1))
+        out.append((title, wide(table, chunk, extras=i == len(chunks) - 1)))
     return out
 
 
-def metric_tables(table: TaskTable, width: int) -> list[Table]:
+def metric_tables(table: TaskTable, width: int) -> list[tuple[str, Table]]:
     full = wide(table)
     if fits(full, width):
-        return [full]
+        return [(_title(table), full)]
     flipped = transposed(table)
     if len(table.rows) <= len(table.columns) and fits(flipped, width):
-        return [flipped]
+        return [(_title(table), flipped)]
     return split(table, width)
 
 
-def difference_tables(table: TaskTable, width: int) -> tuple[list[Table], list[str]]:
+def difference_table(table: TaskTable, width: int) -> tuple[Table, list[str]]:
     rows = [difference_cells(d) for d in table.differences]
-    full = grid(difference_title(table), DIFFERENCE_HEADER, rows, right_from=2)
+    headers = [h or "verdict" for h in DIFFERENCE_HEADER]
+    full = grid(headers, rows, right_from=2)
     if fits(full, width):
-        return [full], []
+        return full, []
     bases = sorted({r[-1] for r in rows})
-    short = grid(difference_title(table), DIFFERENCE_HEADER[:-1], [r[:-1] for r in rows], right_from=2,
-                 wrap=False)
-    return [short], [f"paired over: {'; '.join(bases)}"]
+    return grid(headers[:-1], [r[:-1] for r in rows], right_from=2), [f"paired over: {'; '.join(bases)}"]
 
 
 def render(table: TaskTable, width: int) -> list[RenderableType]:
-    """Everything the terminal shows for one table: the table(s), its notes, its paired differences."""
-    out: list[RenderableType] = list(metric_tables(table, width))
+    """Everything the terminal shows for one table: title and table(s), notes, paired differences."""
+    out: list[RenderableType] = []
+    for title, rt in metric_tables(table, width):
+        out += [Text(title, style="bold"), rt]
     out += [Text(note, style="dim") for note in table.notes]
     if table.differences:
-        diff_tables, notes = difference_tables(table, width)
-        out += diff_tables + [Text(n, style="dim") for n in notes]
+        diff, notes = difference_table(table, width)
+        out += [Text(difference_title(table), style="bold"), diff] + [Text(n, style="dim") for n in notes]
     return out
