@@ -24,7 +24,7 @@ from posbench.stats import seed_interval
 DPI = 110
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,7 +66,7 @@ def table_figures(table: TaskTable) -> Iterator[tuple[str, Any]]:
 
 def plot(report: Report, out_dir: Path | str) -> list[Path]:
     """Write every figure as PNG into ``out_dir``; returns the files written."""
-    plt = _pyplot()
+    plt = pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -143,7 +143,7 @@ def _seeds_text(n: int) -> str:
 
 
 def heatmaps(task: str, name: str, items) -> Any:
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.patches import Rectangle
 
     arrays = [_mean(arrs) for _, _, arrs in items]
@@ -202,7 +202,7 @@ def _band(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None, np.n
 
 
 def curves(task: str, name: str, items) -> Any:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
     axis = items[0][1]["axes"][0]
     for row, grid, arrs in items:
@@ -247,7 +247,7 @@ def loss_curves(table: TaskTable) -> Any | None:
             series.append((row, steps, [np.array([h[s] for s in steps]) for h in histories]))
     if not series:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
     for row, steps, arrays in series:
         mean, low, high = _band(arrays)
@@ -270,7 +270,7 @@ def bench_figure(table: TaskTable) -> Any | None:
     lengths = bench_lengths(run)
     if not lengths or not table.rows:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     unit = (run.get("bench") or {}).get("unit", "ms")
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     width = 0.8 / len(table.rows)

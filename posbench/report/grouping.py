@@ -28,14 +28,20 @@ SECTIONS = (("model", "model"), ("encoding_options", "encoding"), ("train", "tra
 _init_cache: dict[str, dict[str, Any] | None] = {}
 
 
+def forget() -> None:
+    """Drop the cached ``--init`` results (each ``collect`` reads the tree afresh)."""
+    _init_cache.clear()
+
+
 def init_result(run: dict[str, Any]) -> dict[str, Any] | None:
     """The result of the run this run started from (``--init``), when it is a readable posbench run."""
     init = (run.get("config") or {}).get("init") or (run.get("init") or {}).get("run")
     if not init:
         return None
     path = Path(str(init))
-    if not path.is_absolute() and "_path" in run and not path.exists():
-        path = Path(run["_path"]) / path
+    if not path.is_absolute() and not path.exists() and "_path" in run:
+        # recorded relative to where the run was started: try the directories above the run
+        path = next((p / path for p in Path(run["_path"]).resolve().parents if (p / path).exists()), path)
     key = str(path.resolve()) if path.exists() else str(path)
     if key not in _init_cache:
         try:

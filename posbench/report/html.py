@@ -13,7 +13,7 @@ import shlex
 from datetime import datetime, timezone
 from typing import Any
 
-from posbench.report.figures import _pyplot, png_bytes, table_figures
+from posbench.report.figures import pyplot, png_bytes, table_figures
 from posbench.report.formats import (DIFFERENCE_HEADER, column_header, difference_cells, difference_title,
                                      extra_cells, extra_columns, fmt_cell)
 from posbench.report.model import Report, TaskTable
@@ -67,7 +67,7 @@ def differences_html(table: TaskTable) -> str:
 
 
 def figures_html(table: TaskTable) -> str:
-    plt = _pyplot()
+    plt = pyplot()
     parts = []
     for stem, fig in table_figures(table):
         data = base64.b64encode(png_bytes(fig)).decode("ascii")

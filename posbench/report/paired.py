@@ -24,6 +24,10 @@ from posbench.stats import ExampleScores, paired_difference
 _scores: dict[str, ExampleScores | None] = {}
 
 
+def forget_scores() -> None:
+    _scores.clear()
+
+
 def example_scores(run: dict[str, Any]) -> ExampleScores | None:
     """The run's per-example scores (its task's ``example_scores`` over its predictions), or None."""
     key = str(run.get("_path"))

@@ -17,8 +17,10 @@ def collect(root: Path | str, task: str | None = None, *, by_run: bool = False, 
     """Read every run under ``root`` (optionally one task) into tables; unreadable runs go to ``problems``."""
     from posbench.report.bench import bench_table, is_bench
     from posbench.report.models import models_table
-    from posbench.report.paired import add_differences
+    from posbench.report.paired import add_differences, forget_scores
 
+    grouping.forget()
+    forget_scores()
     runs, problems = scan_runs(Path(root))
     if task is not None:
         runs = [r for r in runs if r.get("task") == task]
