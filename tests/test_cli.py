@@ -54,6 +54,18 @@ def test_ls_presets_is_readable_at_80_columns_and_shows_the_expected_time(capsys
         assert sum(1 for line in lines if line.startswith("┏")) == 1
 
 
+def test_every_listing_fits_80_columns_with_every_name_whole(capsys, monkeypatch):
+    from posbench.encodings import ENCODINGS
+    from posbench.tasks import TASKS
+
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run_cli(capsys, "ls")
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= 80
+    words = set(out.replace("│", " ").replace(":", " ").split())
+    assert set(ENCODINGS) <= words and set(TASKS) <= words
+    assert "…" not in out                                     # nothing cut
+
+
 @pytest.mark.parametrize("args,expected", [
     (["run", "-e", "ropee", "-t", "arithmetic"], "unknown encoding 'ropee'. Did you mean 'rope'?"),
     (["run", "-e", "rope,nosuch", "-t", "arithmetic"], "unknown encoding 'nosuch'"),
