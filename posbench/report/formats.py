@@ -92,7 +92,8 @@ def to_markdown(report: Report) -> str:
             cells = [f"**{fmt_cell(row.cells[c])}**" if row.cells[c].best else fmt_cell(row.cells[c])
                      for c in table.columns]
             lines.append(f"| {row.label} | " + " | ".join(cells + extra_cells(table, row)) + " |")
-        lines += [""] + [f"_{note}_" for note in table.notes] if table.notes else []
+        for note in table.notes:
+            lines += ["", f"_{note}_"]
         if table.differences:
             lines += ["", f"**{difference_title(table)}**", "",
                       "| " + " | ".join(h or "verdict" for h in DIFFERENCE_HEADER) + " |",
