@@ -124,7 +124,8 @@ def make_run(root, task, encoding, seed, metrics, *, train=None, encoding_option
              init=None, stderr=None, predictions=None, grids=None, loss=None, finished="2026-01-01T00:00:00",
              extra=None, hib=None):
     """A made-up finished run written as results.py lays it out; returns its directory."""
-    run_id = f"{encoding}-s{seed}-{len(list((root / task / encoding).glob('*'))) if (root / task / encoding).exists() else 0}"
+    parent = root / task / encoding
+    run_id = f"{encoding}-s{seed}-{len(list(parent.glob('*'))) if parent.exists() else 0}"
     run_dir = root / task / encoding / run_id
     config = {"task": task, "encoding": encoding, "preset": "small", "seed": seed, "device": "auto", "init": init,
               "model": {"d_model": 64, "n_layers": 2, "attention": "auto"}, "encoding_options": encoding_options or {},
@@ -176,8 +177,9 @@ def test_runs_that_differ_in_any_other_setting_are_never_pooled(tmp_path):
     rows = {r.label: r for r in table.rows}
     assert set(rows) == {"rope [train.steps=100]", "rope [train.steps=200]", "tape [train.steps=100]",
                          "alibi [train.steps=100]"}
-    assert len(rows["rope [train.steps=100]"].runs) == 2 and rows["rope [train.steps=100]"].cells["accuracy"].value == 42
-    assert len(rows["rope [train.steps=200]"].runs) == 1 and rows["rope [train.steps=200]"].cells["accuracy"].value == 90
+    short, long = rows["rope [train.steps=100]"], rows["rope [train.steps=200]"]
+    assert len(short.runs) == 2 and short.cells["accuracy"].value == 42
+    assert len(long.runs) == 1 and long.cells["accuracy"].value == 90
     assert any("rows differ in train.steps" in note for note in table.notes)
     # encoding options set rows apart only between runs of the same encoding
     make_run(tmp_path / "b", "arithmetic", "rope", 0, {"accuracy": 1.0}, encoding_options={"theta": 500.0})

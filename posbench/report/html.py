@@ -31,7 +31,7 @@ td.best { font-weight: 700; color: #126b2a; }
 p.note { color: #555; font-size: 0.85rem; margin: 0.2rem 0; }
 figure { margin: 1rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: 0.8rem; color: #555; }
-table.provenance td { white-space: normal; max-width: 28rem; word-break: break-all; font-size: 0.78rem; }
+table.provenance td { white-space: normal; max-width: 28rem; overflow-wrap: anywhere; font-size: 0.78rem; }
 """
 
 

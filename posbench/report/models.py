@@ -104,7 +104,8 @@ def models_table(runs: list[dict[str, Any]]) -> TaskTable:
             task_runs = [[r for r in runs if str(r["task"]) == task and _task_fingerprint(r) == fp][:1] for fp in fps]
             apart, _ = grouping.distinguishing(task_runs)
             for i, a in enumerate(apart):
-                shown = [f"{k}={grouping.show(v)}" for k, v in a.items() if not k.startswith("encoding.") and k != "init"]
+                shown = [f"{k}={grouping.show(v)}" for k, v in a.items()
+                         if not k.startswith("encoding.") and k != "init"]
                 notes.append(f"{task}#{i + 1}: {', '.join(shown)}")
     return TaskTable("models", None, columns, hib, rows, runs, title="models (every task's metrics)",
                      grouped=True, notes=notes, kind="models", row_header="model")
