@@ -290,7 +290,7 @@ def bench_result(run_id="20260101-000000-abcdef"):
     return {"schema_version": 1, "run_id": run_id, "task": "bench", "encoding": "rope,alibi,tape", "preset": "small",
             "status": "complete", "created": "", "finished": "", "command": ["posbench", "bench"], "posbench": {},
             "environment": {}, "metrics": {},
-            "config": {"encodings": ["rope", "alibi", "tape"], "size": "small", "batch": 16, "lengths": [1024, 8192],
+            "config": {"encodings": ["rope", "alibi", "tape"], "size": "small", "batch": [16, 1], "lengths": [1024, 8192],
                        "mode": "train", "compile": True, "device": "cuda", "precision": "bf16", "warmup": 3,
                        "steps": 10, "model": {}},
             "bench": {"device_name": "NVIDIA H100 80GB HBM3", "peak_tflops": 989.0, "peak_source": "datasheet",
@@ -304,7 +304,7 @@ def test_a_bench_run_is_the_efficiency_table(tmp_path, capsys, monkeypatch):
     tape = table.rows[2].cells
     assert tape["8192:ms"].note == "OOM" and tape["1024:ms"].value == pytest.approx(78.8 * 1.3)
     assert tape["1024:mfu"].value == pytest.approx(18.6 / 1.3) and table.rows[0].cells["1024:ms"].best
-    assert "NVIDIA H100" in table.heading and "batch 16" in table.heading and "bf16" in table.heading
+    assert "NVIDIA H100" in table.heading and "batch 16,1" in table.heading and "bf16" in table.heading
     monkeypatch.setenv("COLUMNS", "80")
     assert main(["compare", str(tmp_path), "--plots", str(tmp_path / "figs")]) == 0
     captured = capsys.readouterr()

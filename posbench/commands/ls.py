@@ -135,7 +135,7 @@ def preset_rows(name: str) -> list[dict[str, str]]:
             "model": shape + f", seq {seq}", "shape": shape, "seq": seq,
             "train": f"{train['steps']} steps, batch {train['batch_size']}, lr {train['lr']:g}",
             "steps": f"{train['steps']} x {train['batch_size']}", "lr": f"{train['lr']:g}",
-            "expected": fmt_expected(expected) + (f"; {note}" if note else ""),
+            "expected": fmt_expected(expected), "note": f"; {note}" if note else "",
             "time": fmt_seconds(float(expected["seconds"])) if fmt_expected(expected) != "-" else "-",
             "options": kv({**cls.options, **sections.get("task", {})}),
         })
@@ -159,5 +159,6 @@ def presets_listing(width: int) -> list[RenderableType]:
         table = _table(["preset", "model", "seq", "steps x batch", "lr", "time"],
                        [[r["preset"], r["shape"], r["seq"], r["steps"], r["lr"], r["time"]] for r in rows])
         out += [Text(f"{name}", style="bold"), table,
-                *_lines([(r["preset"], f"expected {r['expected']}; task options: {r['options']}") for r in rows])]
+                *_lines([(r["preset"], f"expected {r['expected']}{r['note']}; task options: {r['options']}")
+                         for r in rows])]
     return out

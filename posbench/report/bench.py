@@ -50,8 +50,11 @@ def bench_title(run: dict[str, Any]) -> str:
     parts = [f"bench {config.get('mode', '?')}", str(bench.get("device_name") or "unknown device")]
     if config.get("size"):
         parts.append(f"{config['size']} model")
-    if config.get("batch") is not None:
-        parts.append(f"batch {config['batch']}")
+    batch = config.get("batch")
+    if isinstance(batch, list):            # one per length
+        batch = batch[0] if len(set(batch)) == 1 else ",".join(str(b) for b in batch)
+    if batch is not None:
+        parts.append(f"batch {batch}")
     if config.get("precision"):
         parts.append(str(config["precision"]))
     if config.get("compile"):

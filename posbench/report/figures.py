@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -272,10 +273,13 @@ def bench_figure(table: TaskTable) -> Any | None:
         return None
     plt = pyplot()
     unit = (run.get("bench") or {}).get("unit", "ms")
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    panels = [("ms", unit)]
+    if any(r.cells[f"{L}:peak_gib"].value is not None for r in table.rows for L in lengths):
+        panels.append(("peak_gib", "peak memory (GiB)"))          # a CPU run measures no peak memory
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False, constrained_layout=True)
     width = 0.8 / len(table.rows)
     x = np.arange(len(lengths))
-    for panel, suffix, ylabel in ((ax_t, "ms", unit), (ax_m, "peak_gib", "peak memory (GiB)")):
+    for panel, (suffix, ylabel) in zip(axes[0], panels):
         for i, row in enumerate(table.rows):
             cells = [row.cells[f"{L}:{suffix}"] for L in lengths]
             heights = [c.value if c.value is not None else 0.0 for c in cells]
@@ -292,6 +296,6 @@ def bench_figure(table: TaskTable) -> Any | None:
         panel.set_xticks(x, [str(L) for L in lengths])
         panel.set_xlabel("sequence length")
         panel.set_ylabel(ylabel)
-    ax_t.legend(fontsize=8)
-    fig.suptitle(table.heading, fontsize=9)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("\n".join(textwrap.wrap(table.heading, 60 * len(panels))), fontsize=9)
     return fig
