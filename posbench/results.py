@@ -289,12 +289,7 @@ def load_result(path: Path) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         path = path / RESULT_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ResultError(f"{path} does not exist") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ResultError(f"{path}: not valid JSON ({str(exc).splitlines()[0]})") from None
+    data = read_json(path, missing="{path} does not exist", unreadable="{path}: not valid JSON ({reason})")
     if not isinstance(data, dict):
         raise ResultError(f"{path}: not a JSON object")
     missing = [k for k in REQUIRED_KEYS if k not in data]
@@ -342,15 +337,24 @@ def scan_runs(root: Path) -> tuple[list[dict[str, Any]], list[Problem]]:
 
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / CONFIG_FILE
     if not Path(run_dir).is_dir():
         raise ResultError(f"run directory {run_dir} does not exist")
+    return read_json(Path(run_dir) / CONFIG_FILE,
+                     missing=f"{run_dir} is not a posbench run directory (no {CONFIG_FILE})")
+
+
+def read_json(path: Path | str, *, missing: str, unreadable: str = "cannot read {path}: {reason}",
+              error: type[UserError] = ResultError) -> Any:
+    """The JSON in ``path``, or ``error`` with one line: ``missing`` when there is no such file, else
+    ``unreadable`` (both may name ``{path}``; ``unreadable`` also ``{reason}``, the first line of the cause)."""
+    path = Path(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ResultError(f"{run_dir} is not a posbench run directory (no {CONFIG_FILE})") from None
-    except (OSError, ValueError) as exc:
-        raise ResultError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
+        raise error(missing.replace("{path}", str(path))) from None
+    except (OSError, ValueError) as exc:          # ValueError covers bad JSON and bad UTF-8
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise error(unreadable.replace("{path}", str(path)).replace("{reason}", reason)) from None
 
 
 def elapsed(start: float) -> float:

@@ -28,6 +28,45 @@ def test_ls_lists_encodings_tasks_presets(capsys):
     assert code == 0 and "arithmetic" in out and "rope" not in out
 
 
+@pytest.mark.parametrize("width", [80, 1000])     # 1000: wide enough for the whole table
+def test_ls_presets_is_readable_at_80_columns_and_shows_the_expected_time(capsys, monkeypatch, width):
+    from posbench.tasks import TASKS
+
+    small = TASKS["arithmetic"].presets["small"]
+    monkeypatch.setitem(small, "expected", {"seconds": 300, "hardware": "2-core CPU", "how": "measured"})
+    monkeypatch.delitem(TASKS["passkey"].presets["tiny"], "expected", raising=False)     # shown as "-"
+    monkeypatch.setenv("COLUMNS", str(width))
+    code, out, _ = run_cli(capsys, "ls", "presets")
+    assert code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert "5 min on 2-core CPU (measured)" in out
+    words = set(out.replace("│", " ").replace(",", " ").split())
+    for name in TASKS:
+        assert name in words
+        for preset in TASKS[name].presets:
+            # every preset is one line of its table (not a row spread over many lines)
+            row = [line for line in lines if line.startswith("│") and line.split("│")[1 if width == 80 else 2]
+                   .strip().rstrip("*") == preset and (width == 80 or line.split("│")[1].strip() == name)]
+            assert row, (name, preset)
+    if width == 80:       # one compact table per task; a preset without an expected time shows "-"
+        assert "  tiny: expected -; task options: mode=grid" in out
+    else:                 # a wide terminal gets the one full table
+        assert sum(1 for line in lines if line.startswith("┏")) == 1
+
+
+def test_every_listing_fits_80_columns_with_every_name_whole(capsys, monkeypatch):
+    from posbench.encodings import ENCODINGS
+    from posbench.tasks import TASKS
+
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run_cli(capsys, "ls")
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= 80
+    words = set(out.replace("│", " ").replace(":", " ").split())
+    assert set(ENCODINGS) <= words and set(TASKS) <= words
+    assert "…" not in out                                     # nothing cut
+
+
 @pytest.mark.parametrize("args,expected", [
     (["run", "-e", "ropee", "-t", "arithmetic"], "unknown encoding 'ropee'. Did you mean 'rope'?"),
     (["run", "-e", "rope,nosuch", "-t", "arithmetic"], "unknown encoding 'nosuch'"),
@@ -47,6 +86,10 @@ def test_ls_lists_encodings_tasks_presets(capsys):
     (["run", "-e", "rope", "-t", "arithmetic", "--steps", "many"], "Invalid value for '--steps'"),
     (["run", "-e", "rope", "-t", "arithmetic", "--bogus"], "No such option: --bogus"),
     (["run", "-e", "rope", "-t", "arithmetic", "--device", "tpu"], "unknown device 'tpu'"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--seed", "1,x"], "expected integers separated by commas"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--seed", "1,1"], "a seed is repeated"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--seed", "1", "--seeds", "2"], "give --seed or --seeds"),
+    (["run", "-e", "rope", "-t", "arithmetic", "--seeds", "0"], "--seeds must be >= 1"),
     (["run", "--resume", "/nonexistent/run"], "does not exist"),
     (["run", "--init", "/nonexistent/run", "-t", "arithmetic"], "no such run directory"),
     (["compare", "/nonexistent/results"], "does not exist"),
@@ -121,6 +164,21 @@ def test_end_to_end_two_encodings_then_compare(capsys, tmp_path):
     assert (tmp_path / "figs" / "arithmetic_accuracy.png").is_file()
     code, out, _ = run_cli(capsys, "compare", str(out_dir), "--format", "json", "--task", "arithmetic")
     assert code == 0 and {r["encoding"] for r in json.loads(out)["tables"][0]["rows"]} == {"rope", "tape"}
+
+
+def test_seeds_run_every_encoding_under_every_seed_and_compare_pools_them(capsys, tmp_path):
+    out_dir = tmp_path / "results"
+    code, out, err = run_cli(capsys, "run", "-e", "rope,nope", "-t", "arithmetic", "-p", "tiny", "--seeds", "2",
+                             "--out", str(out_dir), "--set", "steps=3", "--set", "task.eval_samples=2")
+    assert code == 0, err
+    order = [line.split(":")[0] for line in out.splitlines() if line.startswith("arithmetic / ")]
+    assert order == ["arithmetic / rope", "arithmetic / nope"] * 2           # seed 0 of both, then seed 1
+    runs = [json.loads(p.read_text()) for p in sorted(out_dir.glob("arithmetic/*/*/result.json"))]
+    assert sorted((r["encoding"], r["config"]["seed"]) for r in runs) == [("nope", 0), ("nope", 1), ("rope", 0),
+                                                                          ("rope", 1)]
+    code, out, err = run_cli(capsys, "compare", str(out_dir), "--format", "json")
+    rows = json.loads(out)["tables"][0]["rows"]
+    assert code == 0 and sorted((r["encoding"], r["seeds"]) for r in rows) == [("nope", 2), ("rope", 2)]
 
 
 def test_resume_flag_finishes_a_killed_run(capsys, tmp_path):

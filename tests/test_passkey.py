@@ -64,3 +64,22 @@ def test_trial_seeds_and_keys_are_fixed():
     s = pk.trial_seed(0, 512, 2, 3)
     assert s == pk.trial_seed(0, 512, 2, 3) and s != pk.trial_seed(0, 512, 2, 4)
     assert pk.grid_key(s) == pk.grid_key(s) and 1 <= pk.grid_key(s) < 50000
+
+
+@pytest.mark.parametrize("loss", ["all", "answer"])
+def test_training_batches_take_the_loss_on_every_token_or_on_the_answer_only(loss):
+    from posbench.engine import IGNORE_INDEX
+    from posbench.tasks.passkey import PasskeyStream
+
+    tok = ByteTokenizer()
+    stream = PasskeyStream(0, pk.GridBuilder(tok), 300, tok.eos_id, tok.pad_id, loss)
+    batch = stream.next_batch(3)
+    assert batch.tokens.shape == batch.targets.shape == (3, 300)
+    for x, y in zip(batch.tokens.tolist(), batch.targets.tolist()):
+        kept = [t for t in y if t != IGNORE_INDEX]
+        if loss == "all":
+            assert kept == x[1:] + [tok.eos_id]
+        else:                                                  # " K" and EOS: the key's digits, space, EOS
+            text = tok.decode(kept[:-1])
+            assert kept[-1] == tok.eos_id and text.startswith(" ") and text[1:].isdigit()
+            assert y.index(kept[0]) == len(y) - len(kept)      # masked up to the answer, kept to the end

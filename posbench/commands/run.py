@@ -16,6 +16,8 @@ RUN_EPILOG = """[bold]Examples[/bold]
 
   posbench run --encoding rope,tape --task arithmetic --preset small --seed 1
 
+  posbench run --encoding rope,alibi --task perplexity --seeds 3      (seeds 0, 1, 2; then 'posbench compare')
+
   posbench run -e alibi -t arithmetic --preset tiny --set lr=3e-4 --set task.train_digits=4
 
   posbench run --resume results/arithmetic/rope/20250101-120000-ab12cd
@@ -30,7 +32,11 @@ def run(
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name ('posbench ls tasks')."),
     preset: Optional[str] = typer.Option(None, "--preset", "-p", help="tiny, small (default) or paper."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (overrides the preset)."),
-    seed: int = typer.Option(0, "--seed", help="Seed for Python, NumPy, torch and the training data."),
+    seed: Optional[str] = typer.Option(None, "--seed", help="Seed for Python, NumPy, torch and the training "
+                                       "data (default 0); several separated by commas run each encoding under "
+                                       "each seed in turn."),
+    seeds: Optional[int] = typer.Option(None, "--seeds", help="Run every encoding under seeds 0..N-1 "
+                                        "(same as --seed 0,1,...,N-1)."),
     device: str = typer.Option("auto", "--device", help="auto (cuda, mps, cpu), cpu, cuda, cuda:N, mps."),
     out_dir: Path = typer.Option(Path("results"), "--out", "-o", help="Results root directory."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run directory."),
@@ -51,7 +57,8 @@ def run(
     with user_errors():
         reporter = NullReporter() if quiet else RichReporter(err())
         if resume is not None:
-            if encoding or task or preset or steps is not None or sets or init or data or datasets or tokenizer:
+            if (encoding or task or preset or steps is not None or sets or init or data or datasets or tokenizer
+                    or seed is not None or seeds is not None):
                 raise ConfigError("--resume continues a run with its own config; pass only --resume "
                                   "(and optionally --device)")
             outcome = runner.resume(resume, device=None if device == "auto" else device, reporter=reporter)
@@ -62,10 +69,11 @@ def run(
         names = split_names(encoding) if encoding else [None]
         if encoding is not None and not names:
             raise ConfigError("--encoding is empty")
-        configs = [resolve_run_config(task, name, preset, steps=steps, seed=seed, device=device,
+        # seed-major: every encoding under seed 0, then under seed 1, ... (a stopped sweep stays balanced)
+        configs = [resolve_run_config(task, name, preset, steps=steps, seed=s, device=device,
                                       init=str(init) if init is not None else None, sets=sets,
                                       task_flags={"data": data, "datasets": datasets, "tokenizer": tokenizer})
-                   for name in names]
+                   for s in parse_seeds(seed, seeds) for name in names]
         for config in configs:
             try:
                 outcome = runner.execute(config, out_dir, reporter=reporter, command=["posbench", *sys.argv[1:]])
@@ -76,6 +84,33 @@ def run(
             show_outcome(outcome)
         if len(configs) > 1 and outcome.main:
             out().print(f"compare them: posbench compare {out_dir / configs[0].task}")
+
+
+def parse_seeds(seed: str | None, seeds: int | None) -> list[int]:
+    """``--seed 3`` -> [3]; ``--seed 0,1,2`` -> [0, 1, 2]; ``--seeds 3`` -> [0, 1, 2]; neither -> [0]."""
+    from posbench.config import ConfigError
+
+    if seed is not None and seeds is not None:
+        raise ConfigError("give --seed or --seeds, not both")
+    if seeds is not None:
+        if seeds < 1:
+            raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+        return list(range(seeds))
+    if seed is None:
+        return [0]
+    values = []
+    for item in split_names(seed):
+        try:
+            values.append(int(item))
+        except ValueError:
+            raise ConfigError(f"--seed {seed!r}: expected integers separated by commas") from None
+    if not values:
+        raise ConfigError("--seed is empty")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"--seed {seed!r}: a seed is repeated")
+    if any(v < 0 for v in values):
+        raise ConfigError(f"--seed {seed!r}: seeds must be >= 0")
+    return values
 
 
 def latest_run(root: Path, task: str, encoding: str) -> str:

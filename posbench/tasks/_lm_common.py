@@ -6,7 +6,6 @@ Not a task itself (the leading underscore keeps ``posbench.tasks`` from importin
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +17,16 @@ from posbench.data.errors import DataError
 from posbench.data.lm import TokenStream, token_stream
 from posbench.data.sources import WHAT_TO_PASS, hub_offline, open_source
 from posbench.data.tokenizer import Tokenizer, build_tokenizer, parse_bpe_spec, tokenizer_from_spec
-from posbench.engine import Batch
-from posbench.tasks.base import IndexedStream, Task
+from posbench.engine import IGNORE_INDEX, Batch
+from posbench.results import RESULT_FILE, read_json
+from posbench.tasks.base import IndexedStream, SeededStream, Task
 
 BPE_TRAIN_CHARS = 2_000_000
 
 
 def read_init_result(init: str | Path) -> dict[str, Any]:
-    path = Path(init) / "result.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"--init {init}: no result.json (the run has not finished)") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--init {init}: cannot read result.json ({exc})") from None
+    return read_json(Path(init) / RESULT_FILE, missing=f"--init {init}: no result.json (the run has not finished)",
+                     unreadable=f"--init {init}: cannot read result.json ({{reason}})", error=ConfigError)
 
 
 def init_tokenizer(init: str | Path) -> Tokenizer:
@@ -41,6 +36,16 @@ def init_tokenizer(init: str | Path) -> Tokenizer:
         raise ConfigError(f"--init {init}: that run recorded no tokenizer (is it a pretrain, perplexity, passkey "
                           f"or scrolls run?)")
     return tokenizer_from_spec(spec, init)
+
+
+def next_token_pair(seq: list[int], loss_from: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs ``seq[:-1]`` and next-token targets ``seq[1:]``, with the targets of the tokens before
+    ``seq[loss_from]`` set to ``IGNORE_INDEX``: ``loss_from=len(prompt)`` takes the loss on the answer only
+    (the last prompt token predicts the first answer token), ``0`` on every token."""
+    ids = torch.tensor(seq, dtype=torch.long)
+    targets = ids[1:].clone()
+    targets[: max(loss_from - 1, 0)] = IGNORE_INDEX
+    return ids[:-1], targets
 
 
 class TokenizerMixin:

@@ -134,6 +134,13 @@ class Task:
         """Seeds beyond the global one (recorded in result.json), e.g. ``{"data": s, "eval": 42}``."""
         return {"data": self.config.seed}
 
+    @classmethod
+    def example_scores(cls, result: dict[str, Any], predictions: list[dict[str, Any]]):
+        """The per-example values behind the metrics of a finished run (``result.json`` and its
+        ``predictions.jsonl`` rows) as a ``posbench.stats.ExampleScores``, so that ``compare --against``
+        pairs two encodings example by example; None (the default): the metrics are paired across seeds only."""
+        return None
+
     # ---- descriptions (posbench ls) ----------------------------------------------------------------------
     @classmethod
     def preset(cls, name: str) -> dict[str, dict[str, Any]]:

@@ -33,7 +33,7 @@ from posbench.errors import ConfigError
 from posbench.engine import IGNORE_INDEX, Batch
 from posbench.evaluation import passkey as pk
 from posbench.results import Axis, Evaluation, Grid, Metric
-from posbench.tasks._lm_common import TokenizerMixin
+from posbench.tasks._lm_common import TokenizerMixin, next_token_pair
 from posbench.tasks.base import DEV_CPU, H100, SeededStream, Task, config_hash
 
 MODES = ("grid", "longlora")
@@ -60,13 +60,8 @@ class PasskeyStream(SeededStream):
             answer_len = len(self.builder.tok.encode(pk.answer_text(key)))
             p = self.builder.build(self.length - answer_len, depth, key)
             seq = p.prompt_ids + p.answer_ids + [self.eos_id]          # length + 1 tokens
-            x, y = torch.tensor(seq[:-1]), torch.tensor(seq[1:])
-            tokens[row] = x
-            if self.loss == "answer":
-                start = len(p.prompt_ids) - 1                         # target of the last prompt token
-                targets[row, start:] = y[start:]
-            else:
-                targets[row] = y
+            loss_from = len(p.prompt_ids) if self.loss == "answer" else 0
+            tokens[row], targets[row] = next_token_pair(seq, loss_from)
         return Batch(tokens, targets)
 
 
@@ -315,6 +310,39 @@ class Passkey(TokenizerMixin, Task):
                                 "num_tests": trials, "points": rows, "train_length": self.train_length,
                                 "all_accuracies": {str(r["avg_tokens"]): r["accuracy"] for r in rows},
                                 "chance_accuracy_pct": 100 * CHANCE})
+
+
+    @classmethod
+    def example_scores(cls, result: dict[str, Any], predictions: list[dict[str, Any]]):
+        """Every accuracy metric is the mean of the per-trial correctness over its cells (all cells hold the
+        same number of trials); strata: the grid cells (longlora mode: the length points)."""
+        from posbench.stats import ExampleScores, mean_recipe
+
+        info = result.get("evaluation") or {}
+        correct = 100.0 * np.array([bool(p["correct"]) for p in predictions], dtype=float)
+        seen: dict[tuple, int] = defaultdict(int)
+        keys, strata = [], []
+        if info.get("mode") == "longlora":
+            names = {i: f"acc_{point['avg_tokens']}" for i, point in enumerate(info.get("points", []))}
+            for p in predictions:
+                strata.append(int(p["point"]))
+                keys.append((int(p["point"]), int(p["seed"])))
+            groups = {names.get(point, f"point {point}"): [s == point for s in strata] for point in set(strata)}
+        else:
+            train = int(info.get("train_length") or 0)
+            for p in predictions:
+                ident = (int(p["length"]), float(p["depth"]), int(p["key"]))
+                keys.append((*ident, seen[ident]))
+                seen[ident] += 1
+                strata.append(ident[:2])
+            lengths = [s[0] for s in strata]
+            groups = {"accuracy_train_length": [L <= train for L in lengths],
+                      "accuracy_beyond": [L > train for L in lengths]}
+            groups.update({f"acc_{_factor(L, train)}x": [x == L for x in lengths] for L in set(lengths)})
+        terms = {"accuracy": correct}
+        terms.update({name: np.where(np.array(mask, dtype=bool), correct, np.nan) for name, mask in groups.items()
+                      if any(mask)})
+        return ExampleScores(keys, strata, terms, {name: mean_recipe(name) for name in terms})
 
 
 def _factor(length: int, train: int) -> str:

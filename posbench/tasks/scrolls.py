@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ from posbench.data.errors import DataError
 from posbench.engine import IGNORE_INDEX, Batch
 from posbench.metrics import DATASET_TO_METRICS, scrolls as scrolls_metric, scrolls_score
 from posbench.results import Evaluation, Metric, atomic_write_json, mean_stderr
-from posbench.tasks._lm_common import TokenizerMixin
+from posbench.tasks._lm_common import TokenizerMixin, next_token_pair
 from posbench.tasks.base import DEV_CPU, H100, SeededStream, Task, config_hash
 
 # paper Table 1 order: QAS F1, CNLI EM, NQA F1, QuAL EM, QMS Rgm, SumS Rgm, GovR Rgm
@@ -65,10 +66,8 @@ class ExampleStream(SeededStream):
         tokens = torch.full((batch_size, n), self.pad_id, dtype=torch.long)
         targets = torch.full((batch_size, n), IGNORE_INDEX, dtype=torch.long)
         for row, (prompt, answer) in enumerate(seqs):
-            seq = torch.tensor(prompt + answer)
-            tokens[row, :len(seq) - 1] = seq[:-1]
-            start = len(prompt) - 1                    # the last prompt token predicts the first answer token
-            targets[row, start:len(seq) - 1] = seq[start + 1:]
+            x, y = next_token_pair(prompt + answer, loss_from=len(prompt))
+            tokens[row, :len(x)], targets[row, :len(y)] = x, y
         return Batch(tokens, targets)
 
 
@@ -357,7 +356,54 @@ class Scrolls(TokenizerMixin, Task):
             bar.close()
         return preds, n_truncated
 
+    @classmethod
+    def example_scores(cls, result: dict[str, Any], predictions: list[dict[str, Any]]):
+        """Per example the official score against its best reference (EM or F1 x100; for the ROUGE data sets
+        ROUGE-1, -2 and -L separately, whose means the geometric mean combines); ``scrolls_score`` is the mean
+        of the data sets' scores. Strata: the data sets."""
+        from posbench.metrics import exact_match, rouge_fmeasures, token_f1
+        from posbench.stats import ExampleScores, Recipe
+
+        datasets = [d for d, _ in TABLE1 if any(p["dataset"] == d for p in predictions)]
+        keys = [(p["dataset"], str(p["id"])) for p in predictions]
+        strata = [p["dataset"] for p in predictions]
+        terms: dict[str, np.ndarray] = {}
+        recipes: dict[str, Recipe] = {}
+        for dataset in datasets:
+            rows = [(i, p) for i, p in enumerate(predictions) if p["dataset"] == dataset]
+            kind = DATASET_TO_METRICS[dataset]["metric"]
+            names = [f"{dataset}:{k}" for k in ("rouge1", "rouge2", "rougeL")] if kind == "rouge" else [dataset]
+            for name in names:
+                terms[name] = np.full(len(predictions), np.nan)
+            for i, p in rows:
+                if kind == "rouge":
+                    per_ref = [rouge_fmeasures(p["prediction"], r) for r in p["references"]]
+                    for name in names:
+                        terms[name][i] = max(s[name.split(":")[1]] for s in per_ref)
+                else:
+                    fn = token_f1 if kind == "f1" else exact_match
+                    terms[dataset][i] = 100.0 * max(fn(p["prediction"], r) for r in p["references"])
+            recipes[COLUMN[dataset]] = Recipe(tuple(names), _geometric_mean if kind == "rouge" else None)
+        parts = [recipes[COLUMN[d]] for d in datasets]
+        recipes["scrolls_score"] = Recipe(tuple(t for r in parts for t in r.terms), _mean_of_parts(parts))
+        return ExampleScores(keys, strata, terms, recipes)
+
     def _write_submission(self, dataset: str, preds: dict[str, str]) -> None:
         run_dir = getattr(self, "run_dir", None)
         if run_dir is not None:
             atomic_write_json(run_dir / "scrolls" / f"{dataset}.json", preds)
+
+
+def _geometric_mean(means: np.ndarray) -> np.ndarray:
+    return np.cbrt(means[..., 0] * means[..., 1] * means[..., 2])
+
+
+def _mean_of_parts(parts: list) -> Callable[[np.ndarray], np.ndarray]:
+    """``scrolls_score`` from the concatenated term means of the data sets: the mean of their scores."""
+    def combine(means: np.ndarray) -> np.ndarray:
+        scores, start = [], 0
+        for recipe in parts:
+            scores.append(recipe.value(means[..., start:start + len(recipe.terms)]))
+            start += len(recipe.terms)
+        return np.mean(scores, axis=0)
+    return combine

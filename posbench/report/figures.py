@@ -1,0 +1,301 @@
+"""Figures of a report (matplotlib, PNG), one row of a table = one encoding, its seeds pooled:
+
+* ``<task>_<grid>.png``: a 2-axis grid (arithmetic accuracy, passkey length x depth) as heatmaps side by side
+  on one colour scale, each the mean over the row's seeds, the training region outlined; a 1-axis grid
+  (perplexity against length) as one curve per row, the mean over seeds with its 95% interval shaded (with
+  one seed: the curve alone), the training length marked.
+* ``<task>_loss.png``: the training loss of every row on one plot (mean over seeds, 95% interval shaded).
+* ``bench_<mode>_<run-id>.png``: a ``posbench bench`` run's time per step (or token) as bars per length and
+  encoding, and its peak memory; a cell that ran out of memory is marked OOM.
+"""
+
+from __future__ import annotations
+
+import io
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from posbench.report.model import Report, Row, TaskTable
+from posbench.stats import seed_interval
+
+DPI = 110
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+def figures(report: Report) -> Iterator[tuple[str, Any]]:
+    """``(file stem, matplotlib figure)`` for every figure of the report; the caller closes them."""
+    for table in report.tables:
+        yield from table_figures(table)
+
+
+def table_figures(table: TaskTable) -> Iterator[tuple[str, Any]]:
+    if table.kind == "bench":
+        fig = bench_figure(table)
+        if fig is not None:
+            run = table.runs[0]
+            mode = (run.get("config") or {}).get("mode", "run")
+            yield f"bench_{_safe(str(mode))}_{_safe(str(run.get('run_id', '')))}", fig
+        return
+    if table.kind != "metrics":
+        return
+    for name, items in grids_by_name(table).items():
+        dims = len(items[0][1]["axes"])
+        if dims == 2:
+            yield f"{_safe(table.task)}_{_safe(name)}", heatmaps(table.task, name, items)
+        elif dims == 1:
+            yield f"{_safe(table.task)}_{_safe(name)}", curves(table.task, name, items)
+    fig = loss_curves(table)
+    if fig is not None:
+        yield f"{_safe(table.task)}_loss", fig
+
+
+def plot(report: Report, out_dir: Path | str) -> list[Path]:
+    """Write every figure as PNG into ``out_dir``; returns the files written."""
+    plt = pyplot()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stem, fig in figures(report):
+        path = out_dir / f"{stem}.png"
+        fig.savefig(path, dpi=DPI)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def png_bytes(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+# ---- grids -------------------------------------------------------------------------------------------------
+
+def grid_ok(grid: Any) -> bool:
+    return isinstance(grid, dict) and isinstance(grid.get("axes"), list) and isinstance(grid.get("values"), list) \
+        and all(isinstance(a, dict) and "values" in a for a in grid["axes"])
+
+
+def _array(grid: dict[str, Any]) -> np.ndarray:
+    return np.array(_nan(grid["values"]), dtype=float)
+
+
+def _nan(x: Any) -> Any:
+    return [_nan(v) for v in x] if isinstance(x, list) else (np.nan if x is None else x)
+
+
+def grids_by_name(table: TaskTable) -> dict[str, list[tuple[Row, dict[str, Any], list[np.ndarray]]]]:
+    """grid name -> [(row, the grid of its first run, the grid values of each of its runs)], axes equal."""
+    out: dict[str, list[tuple[Row, dict[str, Any], list[np.ndarray]]]] = {}
+    for row in table.rows:
+        names = []
+        for run in row.runs:
+            names += [n for n in (run.get("grids") or {}) if n not in names]
+        for name in names:
+            grids = [(run.get("grids") or {}).get(name) for run in row.runs]
+            grids = [g for g in grids if grid_ok(g)]
+            if not grids:
+                continue
+            first = grids[0]
+            same = [g for g in grids if g["axes"] == first["axes"]]
+            out.setdefault(name, []).append((row, first, [_array(g) for g in same]))
+    for name, items in out.items():
+        dims = len(items[0][1]["axes"])
+        out[name] = [it for it in items if len(it[1]["axes"]) == dims]
+    return out
+
+
+def _mean(arrays: list[np.ndarray]) -> np.ndarray:
+    stack = np.stack(arrays)
+    with np.errstate(invalid="ignore"), _quiet():
+        return np.nanmean(stack, axis=0)
+
+
+class _quiet:
+    def __enter__(self):
+        import warnings
+
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+def _seeds_text(n: int) -> str:
+    return f", mean of {n} seeds" if n > 1 else ""
+
+
+def heatmaps(task: str, name: str, items) -> Any:
+    plt = pyplot()
+    from matplotlib.patches import Rectangle
+
+    arrays = [_mean(arrs) for _, _, arrs in items]
+    finite = [a[np.isfinite(a)] for a in arrays]
+    values = np.concatenate(finite) if any(f.size for f in finite) else np.array([0.0, 1.0])
+    unit = items[0][1].get("meta", {}).get("unit")
+    vmin, vmax = (0.0, 100.0) if unit == "%" else (float(values.min()), float(values.max()))
+    if vmin == vmax:
+        vmax = vmin + 1.0
+    cols = len(items)
+    fig, axes = plt.subplots(1, cols, figsize=(3.4 * cols + 1.2, 3.6), squeeze=False, constrained_layout=True)
+    image = None
+    for ax, (row, grid, arrs), arr in zip(axes[0], items, arrays):
+        ya, xa = grid["axes"][0], grid["axes"][1]
+        image = ax.imshow(arr, origin="lower", cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto",
+                          extent=(-0.5, len(xa["values"]) - 0.5, -0.5, len(ya["values"]) - 0.5))
+        mean = float(np.nanmean(arr)) if np.isfinite(arr).any() else float("nan")
+        ax.set_title(f"{row.label}\nmean {mean:.1f}{_seeds_text(len(arrs))}", fontsize=9)
+        ax.set_xlabel(xa["name"])
+        ax.set_ylabel(ya["name"])
+        _ticks(ax, xa["values"], "x")
+        _ticks(ax, ya["values"], "y")
+        train_max = grid.get("meta", {}).get("train_max") or {}
+        if ya["name"] in train_max and xa["name"] in train_max:
+            ny = sum(1 for v in ya["values"] if v <= train_max[ya["name"]])
+            nx = sum(1 for v in xa["values"] if v <= train_max[xa["name"]])
+            ax.add_patch(Rectangle((-0.5, -0.5), nx, ny, fill=False, edgecolor="white", linewidth=1.5,
+                                   linestyle="--"))
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.85, label=f"{name}" + (f" ({unit})" if unit else ""))
+    fig.suptitle(f"{task}: {name}", fontsize=10)
+    return fig
+
+
+def _ticks(ax, values: list[Any], which: str) -> None:
+    step = max(1, len(values) // 10)
+    positions = list(range(0, len(values), step))
+    labels = [str(values[i]) for i in positions]
+    if which == "x":
+        ax.set_xticks(positions, labels, fontsize=7)
+    else:
+        ax.set_yticks(positions, labels, fontsize=7)
+
+
+def _band(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Mean of the arrays and, with 2 or more, the 95% Student-t interval at every point."""
+    mean = _mean(arrays)
+    if len(arrays) < 2:
+        return mean, None, None
+    low, high = np.full(mean.shape, np.nan), np.full(mean.shape, np.nan)
+    stack = np.stack(arrays)
+    for i in range(mean.size):
+        interval = seed_interval([float(v) for v in stack[:, i] if np.isfinite(v)])
+        if interval is not None and interval.half_width is not None:
+            low[i], high[i] = interval.low, interval.high
+    return mean, low, high
+
+
+def curves(task: str, name: str, items) -> Any:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    axis = items[0][1]["axes"][0]
+    for row, grid, arrs in items:
+        xs = grid["axes"][0]["values"]
+        mean, low, high = _band(arrs)
+        (line,) = ax.plot(xs, mean, marker="o", label=row.label + (f" ({len(arrs)} seeds)" if len(arrs) > 1 else ""))
+        if low is not None:
+            ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlabel(axis["name"])
+    ax.set_ylabel(items[0][1].get("metric", name))
+    train_max = items[0][1].get("meta", {}).get("train_max") or {}
+    if axis["name"] in train_max:
+        ax.axvline(train_max[axis["name"]], color="grey", linestyle="--", linewidth=1)
+    if all(isinstance(x, (int, float)) and x > 0 for x in axis["values"]) and \
+            max(axis["values"]) / max(min(axis["values"]), 1e-9) > 16:
+        ax.set_xscale("log", base=2)
+    ax.legend(fontsize=8)
+    shaded = any(len(arrs) > 1 for _, _, arrs in items)
+    ax.set_title(f"{task}: {name}" + (" (mean over seeds, 95% interval shaded)" if shaded else ""), fontsize=10)
+    return fig
+
+
+# ---- training loss -----------------------------------------------------------------------------------------
+
+def _history(run: dict[str, Any]) -> dict[int, float]:
+    points = (run.get("training") or {}).get("loss_history") or []
+    out = {}
+    for point in points:
+        if isinstance(point, (list, tuple)) and len(point) >= 2 and isinstance(point[1], (int, float)):
+            out[int(point[0])] = float(point[1])
+    return out
+
+
+def loss_curves(table: TaskTable) -> Any | None:
+    series = []
+    for row in table.rows:
+        histories = [h for h in (_history(run) for run in row.runs) if h]
+        if not histories:
+            continue
+        steps = sorted(set.intersection(*(set(h) for h in histories)))
+        if steps:
+            series.append((row, steps, [np.array([h[s] for s in steps]) for h in histories]))
+    if not series:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    for row, steps, arrays in series:
+        mean, low, high = _band(arrays)
+        (line,) = ax.plot(steps, mean, label=row.label + (f" ({len(arrays)} seeds)" if len(arrays) > 1 else ""))
+        if low is not None:
+            ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats per target token)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{table.task}: training loss", fontsize=10)
+    return fig
+
+
+# ---- posbench bench ----------------------------------------------------------------------------------------
+
+def bench_figure(table: TaskTable) -> Any | None:
+    from posbench.report.bench import bench_lengths
+
+    run = table.runs[0]
+    lengths = bench_lengths(run)
+    if not lengths or not table.rows:
+        return None
+    plt = pyplot()
+    unit = (run.get("bench") or {}).get("unit", "ms")
+    panels = [("ms", unit)]
+    if any(r.cells[f"{L}:peak_gib"].value is not None for r in table.rows for L in lengths):
+        panels.append(("peak_gib", "peak memory (GiB)"))          # a CPU run measures no peak memory
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False, constrained_layout=True)
+    width = 0.8 / len(table.rows)
+    x = np.arange(len(lengths))
+    for panel, (suffix, ylabel) in zip(axes[0], panels):
+        for i, row in enumerate(table.rows):
+            cells = [row.cells[f"{L}:{suffix}"] for L in lengths]
+            heights = [c.value if c.value is not None else 0.0 for c in cells]
+            pos = x - 0.4 + width * (i + 0.5)
+            panel.bar(pos, heights, width, label=row.label)
+            for p, c in zip(pos, [row.cells[f"{L}:ms"] for L in lengths]):
+                if c.note and c.note != "-":
+                    panel.text(p, 0, c.note, rotation=90, ha="center", va="bottom", fontsize=7, color="red")
+            if suffix == "ms":
+                for p, L, h in zip(pos, lengths, heights):
+                    rel = row.cells[f"{L}:x_rope"].value
+                    if rel is not None and h > 0:
+                        panel.text(p, h, f"{rel:.2f}x", ha="center", va="bottom", fontsize=6)
+        panel.set_xticks(x, [str(L) for L in lengths])
+        panel.set_xlabel("sequence length")
+        panel.set_ylabel(ylabel)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("\n".join(textwrap.wrap(table.heading, 60 * len(panels))), fontsize=9)
+    return fig

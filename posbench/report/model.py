@@ -1,0 +1,102 @@
+"""What ``compare`` builds before rendering: tables of rows of cells, the paired differences, and the report."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from posbench.results import Problem
+from posbench.stats import Difference
+
+
+@dataclass
+class Cell:
+    value: float | None                   # the run's value, or the mean over the seeds of a row
+    stderr: float | None = None           # one run: its evaluation standard error
+    n: int | None = None                  # examples (or tokens) behind one run's value
+    best: bool = False
+    half_width: float | None = None       # two seeds or more: the 95% Student-t half-width over seeds
+    seeds: int = 1                        # how many seeds the value pools
+    values: list[float] = field(default_factory=list)      # one value per seed
+    note: str | None = None               # shown instead of the value (e.g. "OOM")
+
+    @property
+    def spread(self) -> float | None:
+        """What ``±`` shows: the 95% interval's half-width over seeds, else the run's standard error."""
+        return self.half_width if self.seeds >= 2 else self.stderr
+
+
+@dataclass
+class Row:
+    label: str
+    encoding: str
+    run_id: str
+    path: str
+    seed: Any                             # one run: its seed; a row of several runs: the list of seeds
+    cells: dict[str, Cell]
+    train_s: float | None = None
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)    # the settings that set this row apart
+
+    @property
+    def n_seeds(self) -> int:
+        return len(self.runs) or 1
+
+
+@dataclass
+class DifferenceRow:
+    label: str                            # the row compared with the reference
+    metric: str
+    higher_is_better: bool
+    difference: Difference
+
+    @property
+    def verdict(self) -> str:
+        d = self.difference
+        if d.low is None or d.high is None or (d.low <= 0 <= d.high):
+            return "-"
+        better = (d.estimate > 0) == self.higher_is_better
+        return "better" if better else "worse"
+
+
+@dataclass
+class TaskTable:
+    task: str
+    primary: str | None
+    columns: list[str]
+    higher_is_better: dict[str, bool]
+    rows: list[Row]
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    title: str | None = None              # shown instead of the task name
+    grouped: bool = True                  # rows pool seeds (False: --by-run)
+    notes: list[str] = field(default_factory=list)
+    against: str | None = None            # the reference encoding of ``differences``
+    differences: list[DifferenceRow] = field(default_factory=list)
+    kind: str = "metrics"                 # metrics, bench or models
+    labels: dict[str, str] = field(default_factory=dict)      # column -> header text (default: the name)
+    row_header: str = "encoding"
+
+    @property
+    def heading(self) -> str:
+        return self.title or self.task
+
+    @property
+    def multi_seed(self) -> bool:
+        return any(len(r.runs) > 1 for r in self.rows)
+
+    def column_label(self, name: str) -> str:
+        return self.labels.get(name, name)
+
+
+@dataclass
+class Report:
+    tables: list[TaskTable]
+    problems: list[Problem]
+
+
+def num(x: Any) -> float | None:
+    """A finite float, or None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x) if math.isfinite(x) else None

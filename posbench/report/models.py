@@ -1,0 +1,111 @@
+"""``compare --by-model``: one row per evaluated model, the metrics of every task as columns.
+
+A run that starts from another run (``--init``, recorded as ``result["init"]["run"]``) evaluates that run's
+model, so it goes to that run's row; a run that starts from nothing is a model of its own. The row is named
+after the model's run: its ``label`` when it records one (an extended pretrained model, e.g.
+``llama+lora``), else its encoding. Columns are ``task:metric``. Runs of one task with different settings
+(besides the encoding) are never pooled: each set of settings gets columns of its own, marked ``#1``, ``#2``
+and explained under the table; runs of one task and settings for one model are averaged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from posbench.report import grouping
+from posbench.report.model import Row, TaskTable
+from posbench.report.tables import mark_best, metric_cell, metric_columns, run_id
+
+
+def _where(path: Any) -> str:
+    p = Path(str(path))
+    return str(p.resolve()) if p.exists() else str(p)
+
+
+def model_of(run: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """(the model's identity, the model's own run when readable)."""
+    init = (run.get("init") or {}).get("run") or (run.get("config") or {}).get("init")
+    if not init:
+        return _where(run["_path"]), run
+    return _where(init), grouping.init_result(run)
+
+
+def model_label(model_run: dict[str, Any] | None, identity: str) -> str:
+    if model_run is None:
+        return Path(identity).name or identity
+    return str(model_run.get("label") or model_run.get("encoding"))
+
+
+def _task_variants(runs: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """task -> its distinct settings fingerprints (without encoding and init), in first-seen order."""
+    out: dict[str, list[str]] = {}
+    for run in runs:
+        fps = out.setdefault(str(run["task"]), [])
+        fp = _task_fingerprint(run)
+        if fp not in fps:
+            fps.append(fp)
+    return out
+
+
+def _task_fingerprint(run: dict[str, Any]) -> str:
+    flat = {k: v for k, v in grouping.settings(run).items() if not k.startswith("encoding.") and k != "init"}
+    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def models_table(runs: list[dict[str, Any]]) -> TaskTable:
+    from posbench.report.bench import is_bench
+
+    runs = [r for r in runs if not is_bench(r)]
+    variants = _task_variants(runs)
+    models: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        identity, own = model_of(run)
+        entry = models.setdefault(identity, {"run": own, "by_column": {}})
+        entry["run"] = entry["run"] or own
+        fps = variants[str(run["task"])]
+        prefix = str(run["task"]) + (f"#{fps.index(_task_fingerprint(run)) + 1}" if len(fps) > 1 else "")
+        entry["by_column"].setdefault(prefix, []).append(run)
+    # tasks whose runs are themselves models (pretrain) first, then the others by name
+    own_tasks = {str(m["run"].get("task")) for m in models.values() if m["run"] is not None}
+    prefixes = sorted({p for m in models.values() for p in m["by_column"]},
+                      key=lambda p: (p.split("#")[0] not in own_tasks, p))
+    columns, hib = [], {}
+    for prefix in prefixes:
+        task_runs = [r for m in models.values() for r in m["by_column"].get(prefix, [])]
+        names, task_hib, _ = metric_columns(task_runs)
+        for name in names:
+            columns.append(f"{prefix}:{name}")
+            hib[f"{prefix}:{name}"] = task_hib[name]
+    labels = {identity: model_label(m["run"], identity) for identity, m in models.items()}
+    repeated = {lab for lab in labels.values() if list(labels.values()).count(lab) > 1}
+    rows = []
+    for identity, m in models.items():
+        label = labels[identity]
+        if label in repeated:
+            seed = grouping.seed_of(m["run"]) if m["run"] is not None else None
+            label = f"{label} (seed {seed}, {run_id(m['run']) if m['run'] else Path(identity).name})"
+        cells = {}
+        for column in columns:
+            prefix, name = column.rsplit(":", 1)
+            cells[column] = metric_cell(m["by_column"].get(prefix, []), name)
+        all_runs = [r for rs in m["by_column"].values() for r in rs]
+        encoding = str(m["run"].get("encoding")) if m["run"] is not None else label
+        rows.append(Row(label, encoding, run_id(m["run"]) if m["run"] else identity, identity, None, cells, None,
+                        all_runs))
+    mark_best(rows, columns, hib)
+    rows.sort(key=lambda r: r.label)
+    notes = ["one row per model: runs that start from another run (--init) are in that run's row; a row's runs "
+             "of one task are averaged"]
+    for task, fps in variants.items():
+        if len(fps) > 1:
+            task_runs = [[r for r in runs if str(r["task"]) == task and _task_fingerprint(r) == fp][:1] for fp in fps]
+            apart, _ = grouping.distinguishing(task_runs)
+            for i, a in enumerate(apart):
+                shown = [f"{k}={grouping.show(v)}" for k, v in a.items()
+                         if not k.startswith("encoding.") and k != "init"]
+                notes.append(f"{task}#{i + 1}: {', '.join(shown)}")
+    return TaskTable("models", None, columns, hib, rows, runs, title="models (every task's metrics)",
+                     grouped=True, notes=notes, kind="models", row_header="model")
