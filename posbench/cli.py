@@ -14,6 +14,7 @@ import typer
 
 from posbench.commands import compare, ls, run, score
 from posbench.commands.common import err
+from posbench.commands import extend
 
 app = typer.Typer(
     name="posbench", add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
@@ -28,6 +29,7 @@ app.command("run", epilog=run.RUN_EPILOG)(run.run)
 app.command("ls", epilog=ls.LS_EPILOG)(ls.ls)
 app.command("compare", epilog=compare.COMPARE_EPILOG)(compare.compare)
 app.command("score", epilog=score.SCORE_EPILOG)(score.score)
+app.command("extend", epilog=extend.EXTEND_EPILOG)(extend.extend)
 
 
 # ---- entry point -------------------------------------------------------------------------------------------

@@ -188,10 +188,11 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
         init_options = dict(init_model.get("encoding_options") or {})
     if encoding is None:
         raise ConfigError("--encoding is required (or --init RUN_DIR to take it from another run)")
-    encoding_cls = ENCODINGS.get(encoding)
+    hf_init = init is not None and read_init_model_config(init).get("hf", False)   # posbench.hf: no encoding options
+    encoding_cls = None if hf_init else ENCODINGS.get(encoding)
     sections: dict[str, dict[str, Any]] = {
         "model": model,
-        "encoding": dict(encoding_cls.defaults),
+        "encoding": dict(encoding_cls.defaults) if encoding_cls is not None else {},
         "train": train_defaults(),
         "task": dict(task_cls.options),
     }
@@ -226,6 +227,11 @@ def read_init_model_config(init: str) -> dict[str, Any]:
     import json
     from pathlib import Path
 
+    from posbench.hf.runs import init_model_config
+
+    hf = init_model_config(init)           # an extend run or a local Llama directory (posbench.hf)
+    if hf is not None:
+        return hf
     run = Path(init)
     if not run.is_dir():
         raise ConfigError(f"--init {init}: no such run directory")
