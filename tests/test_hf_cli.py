@@ -160,6 +160,8 @@ def test_bad_input_is_one_line_and_exit_code_2(llama_dir, tmp_path, capsys):
                     "method.r=x", match="method.r")
     _one_line_error(capsys, "extend", "--model", llama_dir, "--method", "tape", *EXTEND, *out, "--scale", 0.5,
                     match="--scale must be >= 1")
+    _one_line_error(capsys, "extend", "--model", llama_dir, "--method", "longlora", "--length", 130, "--data",
+                    "stdlib", *out, match="S²-Attn needs the sequence length (130)")
     assert not (tmp_path / "results").exists()        # nothing was written for bad input
     half = tmp_path / "half" / "extend" / "llama+tape" / "run"
     half.mkdir(parents=True)

@@ -264,3 +264,30 @@ def test_unknown_method_and_option_are_one_line_errors():
     with pytest.raises(UserError, match="has no option rank"):
         make_method("lora", {"rank": 4})
     assert sorted(METHODS) == ["longlora", "lora", "tape", "theta"]
+
+
+@pytest.mark.parametrize("name", ["tape", "longlora"])
+def test_bf16_weights_with_fp32_trainables_train_under_autocast(name):
+    """The GPU recipe, on the CPU: frozen weights in bfloat16, the trainable ones promoted to float32 (so small
+    AdamW updates are not rounded away), bf16 autocast for the step; and a model loaded all in bfloat16 for
+    evaluation runs without autocast."""
+    from posbench.hf.s2attn import register
+
+    original = llama().to(torch.bfloat16)
+    method = make_method(name)
+    model = apply_method(original, method, 2.0, 64)
+    llama_of(model).set_attn_implementation(method.training_attention() or "sdpa")
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert all(dtypes[n] == torch.float32 for n, p in model.named_parameters() if p.requires_grad)
+    assert all(dtypes[n] == torch.bfloat16 for n, p in model.named_parameters() if not p.requires_grad
+               and ".tape." not in n)
+    model.train()
+    x = tokens(2, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=x, labels=x).loss
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    register()
+    evaluated = extended(name, llama().to(torch.bfloat16), scale=2.0).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.isfinite(evaluated(input_ids=x).logits.float()).all()

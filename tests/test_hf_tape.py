@@ -213,3 +213,33 @@ def test_fresh_conversion_trains_the_gate_and_up_projection_first():
     tape0 = model.model.layers[0].tape
     assert tape0.gate.grad.abs().sum() > 0 and tape0.up_proj.weight.grad.abs().sum() > 0
     assert tape0.x_proj.weight.grad.abs().sum() == 0 and tape0.down_proj.weight.grad.abs().sum() == 0
+
+
+def test_random_training_offset_shifts_every_position_by_one_draw():
+    """method.random_offset (default, as the reference's TAPE): in training, one k ~ U{0..2 x length} from
+    Python's RNG shifts all positions of the pass; evaluation uses the positions as they are. A common shift
+    rotates every 2x2 block of the state by the same angle per frequency, and TAPE is rotation-equivariant, so
+    the logits do not change (up to float32 rounding of the larger angles)."""
+    import random
+
+    model = apply_method(llama(), TapeMethod(), 2.0, 64)
+    perturb_tape(model)
+    rotary = model.model.rotary_emb
+    x = tokens(1, 10)
+    positions = torch.arange(10)[None]
+    embedded = model.model.embed_tokens(x)
+    random.seed(11)
+    k = random.randint(0, 2 * 64)
+    random.seed(11)
+    with torch.no_grad():
+        cos_train, _ = rotary.train()(embedded, positions)
+        cos_shifted, _ = rotary.inner(embedded, positions + k)
+        cos_eval, _ = rotary.eval()(embedded, positions)
+        cos_plain, _ = rotary.inner(embedded, positions)
+    assert k > 0 and torch.equal(cos_train, cos_shifted) and torch.equal(cos_eval, cos_plain)
+    assert (cos_train - cos_eval).abs().max() > 0.1
+    random.seed(11)
+    with torch.no_grad():
+        trained = model.train()(input_ids=x).logits             # dropout is 0: only the offset differs
+        plain = model.eval()(input_ids=x).logits
+    assert_close(trained, plain)

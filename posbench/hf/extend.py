@@ -172,6 +172,7 @@ def prepare(cfg: ExtendConfig) -> Prepared:
                            f"max_position_embeddings): extension needs a length >= {original}")
     scale = float(cfg.scale) if cfg.scale is not None else cfg.length / original
     method.rope_parameters(base, scale)          # refuses RoPE types it cannot interpolate
+    method.check_length(cfg.length)
     return Prepared(cfg, method, base, scale, label(base, cfg.method))
 
 
@@ -207,14 +208,7 @@ def run_extend(cfg: ExtendConfig, out_root: Path | str = "results", *, reporter:
     budget = data["max_train_tokens"] or train_cfg.steps * train_cfg.batch_size * cfg.length + 1
     train_tokens = token_stream(source, "train", tokenizer, budget)
     stream = ChunkStream(cfg.seed, train_tokens.tokens, cfg.length) if train_cfg.steps > 0 else None
-    created = now_iso()
-    if run_dir is None:
-        run_dir = new_run_dir(Path(out_root), EXTEND_TASK, prep.label)
-    if not (run_dir / CONFIG_FILE).exists():
-        atomic_write_json(run_dir / CONFIG_FILE, {"config": cfg.to_dict(), "created": created,
-                                                  "command": command or sys.argv})
     seeds = engine.seed_everything(cfg.seed)
-
     model = load_llama(cfg.model, dtype=default_dtype(device), device="cpu")
     base_parameters = sum(p.numel() for p in model.parameters())
     model = apply_method(model, method, prep.scale, cfg.length)
@@ -228,6 +222,12 @@ def run_extend(cfg: ExtendConfig, out_root: Path | str = "results", *, reporter:
                               base_model=cfg.model, scale=prep.scale, length=cfg.length, llama=describe(llama.config))
     adapter = HFCausalLM(model, hf_config, method)
     trainable = trainable_count(model)
+    created = now_iso()
+    if run_dir is None:                          # everything that can fail on bad input has run by now
+        run_dir = new_run_dir(Path(out_root), EXTEND_TASK, prep.label)
+    if not (run_dir / CONFIG_FILE).exists():
+        atomic_write_json(run_dir / CONFIG_FILE, {"config": cfg.to_dict(), "created": created,
+                                                  "command": command or sys.argv})
 
     precision = engine.resolve_precision(train_cfg.precision, device)
     train_result = engine.train(adapter, stream, train_cfg, device=device, checkpoint_dir=run_dir / CHECKPOINT_DIR,

@@ -85,6 +85,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
 
     from posbench.hf.extend import apply_method, enable_checkpointing
     from posbench.hf.methods import make_method
+    from posbench.hf.rope import llama_of
     from posbench.hf.tape_llama import TapeAttention
     from posbench.hf.tiny import tiny_config
 
@@ -110,6 +111,9 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     forward_backward()
     optimizer.step()                          # AdamW's moments now exist, as in any later step
     optimizer.zero_grad(set_to_none=True)
+    state = getattr(llama_of(model).model.rotary_emb, "_state", None)
+    if state is not None:
+        state.release()                       # TAPE keeps the last pass's states until the next one starts
     gc.collect()
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")                         # reset the peak resident set to the current one
@@ -123,7 +127,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536",
            "MALLOC_ARENA_MAX": "2"}
     proc = subprocess.run([sys.executable, "-m", "posbench.hf.memory", "--child", json.dumps(spec)],
-                          capture_output=True, text=True, env=env, check=True)
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"measuring {spec} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -147,16 +153,19 @@ def fit(rows: list[dict[str, Any]], quadratic: bool = False) -> Fit:
 
 
 def extrapolate(f: Fit, shape: dict[str, int], length: int) -> float:
-    """Activation bytes of ``shape`` at ``length`` tokens from a fit on the small model (linear terms scale with
-    hidden size: every per-token tensor is a multiple of hidden, intermediate or vocabulary, all in proportion)."""
-    ratio = shape["hidden"] / SMALL["hidden"]
-    return length * ratio * (shape["layers"] * f.per_layer + f.per_model)
+    """Activation bytes of ``shape`` at ``length`` tokens from a fit on the small model: every per-token tensor
+    is a multiple of hidden, intermediate or vocabulary size (all in Llama-2's proportions), and the N^2 tensors
+    of eager attention are per head (heads = hidden / 128 in both), so every term scales with hidden."""
+    ratio = shape["hidden"] / SMALL["hidden"]        # heads too scale with hidden (head_dim 128 in both)
+    return length * ratio * (shape["layers"] * f.per_layer + f.per_model) + length ** 2 * ratio * f.quadratic
 
 
 def estimate(fits: dict[str, Fit], shape: dict[str, int] = LLAMA2_7B, length: int = 8192) -> dict[str, Any]:
     """The memory of one micro-batch of ``length`` tokens, per method, from the checkpointed fits."""
     table = {}
     for method in ("lora", "tape"):
+        if f"{method}/sdpa/checkpointing" not in fits:
+            continue
         static = static_bytes(shape, method)
         activations = extrapolate(fits[f"{method}/sdpa/checkpointing"], shape, length)
         table[method] = {**{k: v / GiB for k, v in static.items()}, "activations_fp32_upper_bound": activations / GiB,
@@ -169,13 +178,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--lengths", default="512,1024,2048")
     parser.add_argument("--out", default=None, help="write the measurements and the estimate as JSON")
+    parser.add_argument("--methods", default="lora,tape", help="measure these methods only")
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(_child(json.loads(args.child))))
         return
     lengths = [int(x) for x in args.lengths.split(",")]
-    series = [("lora", "sdpa", True), ("tape", "sdpa", True), ("lora", "sdpa", False), ("tape", "sdpa", False),
-              ("lora", "eager", True)]
+    methods = args.methods.split(",")
+    series = [s for s in [("lora", "sdpa", True), ("tape", "sdpa", True), ("lora", "sdpa", False),
+                          ("tape", "sdpa", False), ("lora", "eager", True)] if s[0] in methods]
     rows, fits = [], {}
     for method, attention, checkpointing in series:
         group = []
@@ -193,9 +204,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  fit {key}: {f.per_layer / 1024:.2f} KiB/token/layer + {f.per_model / 1024:.2f} KiB/token"
               f" + {f.quadratic:.1f} B/token^2 (max error {100 * f.max_relative_error:.1f}%)", flush=True)
     table = estimate(fits)
-    print(f"\nESTIMATE, Llama-2-7B, one micro-batch of 8192 tokens, bf16 weights, gradient checkpointing (GiB):")
+    print("\nESTIMATE, Llama-2-7B, one micro-batch of 8192 tokens, bf16 weights, gradient checkpointing (GiB):")
     for method, parts in table.items():
         print(f"  {method}: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
+    print("activations alone at 8192 tokens, Llama-2-7B (GiB, fp32 upper bound):")
+    for key, f in fits.items():
+        print(f"  {key}: {extrapolate(f, LLAMA2_7B, 8192) / GiB:.1f}")
     if args.out:
         from posbench.results import atomic_write_json
 

@@ -4,7 +4,8 @@ Every method first interpolates RoPE positions linearly by ``--scale`` (``posben
 
 * ``tape``: TAPE inside the Llama (``posbench.hf.tape_llama``); trainable: TAPE's per-layer modules (both
   the attention-side gate and the MLP-side update: the reference code's typo freezes the gate, here it
-  trains), the embeddings and the norms.
+  trains), the embeddings and the norms. As in the reference, training positions get one random offset
+  k ~ U{0..2 x length} per forward pass (``method.random_offset``; the LoRA baselines get none).
 * ``lora``: LoRA (``peft``; r 8, alpha 16, dropout 0) on q, k, v, o; trainable: LoRA, embeddings, norms.
 * ``longlora``: the same LoRA, trained with shifted sparse attention (``posbench.hf.s2attn``); full
   attention at evaluation.
@@ -66,6 +67,9 @@ class Method:
         """The attention implementation used while training (None: the model's own)."""
         return None
 
+    def check_length(self, length: int) -> None:
+        """Refuse a training length the method cannot train on (one-line error)."""
+
     def is_method_parameter(self, name: str) -> bool:
         raise NotImplementedError
 
@@ -123,7 +127,7 @@ def embedding_and_norm_count(config) -> int:
 class TapeMethod(Method):
     name = "tape"
     description = "TAPE in every layer (zero-initialised updates, both trained), plus embeddings and norms"
-    defaults = {"position_size": 0, "gate": "rowsum"}
+    defaults = {"position_size": 0, "gate": "rowsum", "random_offset": True}
 
     def __init__(self, **options: Any):
         super().__init__(**options)
@@ -133,7 +137,7 @@ class TapeMethod(Method):
     def convert(self, model):
         from posbench.hf.tape_llama import convert_to_tape
 
-        convert_to_tape(model, self.options["position_size"], self.options["gate"])
+        convert_to_tape(model, self.options["position_size"], self.options["gate"], self.options["random_offset"])
         return model
 
     def is_method_parameter(self, name: str) -> bool:
@@ -260,6 +264,11 @@ class LongLoraMethod(LoraMethod):
         from posbench.hf.s2attn import register
 
         return register()
+
+    def check_length(self, length: int) -> None:
+        from posbench.hf.s2attn import group_size
+
+        group_size(length, self.options["group_ratio"])
 
 
 class ThetaMethod(LoraMethod):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from posbench.encodings.rope import training_offset
 from posbench.encodings.tape import TAPELayer
 
 
@@ -51,6 +52,11 @@ class TapeState:
         self.inputs = [table[:, None].expand(-1, self.n_heads, -1, -1)] + [None] * (self.n_layers - 1)
         self.mids = [None] * self.n_layers
 
+    def release(self) -> None:
+        """Drop the last pass's states (they are kept until the next pass, for a checkpointed backward)."""
+        self.inputs = [None] * self.n_layers
+        self.mids = [None] * self.n_layers
+
     def input(self, layer: int) -> Tensor:
         state = self.inputs[layer]
         if state is None:
@@ -65,14 +71,19 @@ class TapeState:
 
 
 class TapeRotaryEmbedding(nn.Module):
-    """The model's rotary module, unchanged, plus: its float32 table starts TAPE's state for this pass."""
+    """The model's rotary module, unchanged, plus: its float32 table starts TAPE's state for this pass.
 
-    def __init__(self, rotary: nn.Module, state: TapeState):
+    ``random_offset`` (the reference's TAPE, and posbench's, in training only): every position of a forward
+    pass is shifted by one k ~ U{0..2 x max_positions} (Python's RNG)."""
+
+    def __init__(self, rotary: nn.Module, state: TapeState, random_offset: bool = False, max_positions: int = 0):
         super().__init__()
         self.inner = rotary
         self._state = state
+        self.random_offset, self.max_positions = random_offset, max_positions
 
     def forward(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        position_ids = training_offset(self, position_ids, self.random_offset, self.max_positions)
         cos, sin = self.inner(torch.empty(0, device=x.device, dtype=torch.float32), position_ids)
         self._state.start(cos, sin)
         return cos.to(x.dtype), sin.to(x.dtype)
@@ -167,13 +178,15 @@ class TapeMLP(nn.Module):
         return m
 
 
-def convert_to_tape(model, position_size: int = 0, gate: str = "rowsum") -> TapeState:
+def convert_to_tape(model, position_size: int = 0, gate: str = "rowsum", random_offset: bool = False) -> TapeState:
     """Add TAPE to a ``LlamaForCausalLM`` in place (the rotary module, every attention and MLP swapped, a
     ``TAPELayer`` per layer at ``model.layers.<i>.tape``); returns the shared state object.
 
     ``position_size`` I defaults to 4 x heads (the reference's 128 for Llama-2-7B). x_proj and down_proj
     start as N(0, initializer_range), the gate and up_proj at zero, so both updates are zero and the logits
-    are the original's. The last layer's TAPE parameters never reach the loss and are frozen."""
+    are the original's. The last layer's TAPE parameters never reach the loss and are frozen.
+    ``random_offset``: shift training positions as the reference does (see ``TapeRotaryEmbedding``), by up to
+    twice the model's ``max_position_embeddings`` (the extension length once the RoPE is set)."""
     config = model.config
     layers = model.model.layers
     heads = config.num_attention_heads
@@ -181,7 +194,8 @@ def convert_to_tape(model, position_size: int = 0, gate: str = "rowsum") -> Tape
     state = TapeState(len(layers), heads)
     weight = model.model.embed_tokens.weight
     std = getattr(config, "initializer_range", 0.02)
-    model.model.rotary_emb = TapeRotaryEmbedding(model.model.rotary_emb, state)
+    model.model.rotary_emb = TapeRotaryEmbedding(model.model.rotary_emb, state, random_offset,
+                                                 config.max_position_embeddings)
     for i, layer in enumerate(layers):
         tape = TAPELayer(config.hidden_size, heads, position_size, gate).to(device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
