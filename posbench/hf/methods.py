@@ -76,9 +76,9 @@ class Method:
     def mark_trainable(self, model) -> None:
         """Freeze everything but the method's parameters, the embeddings and the norms (float32 when the base
         model is in a half type, so that the optimizer's small updates are not rounded away)."""
+        frozen = self.frozen_names(model)
         for name, param in model.named_parameters():
-            trainable = (self.is_method_parameter(name) or is_embedding_or_norm(name)) \
-                and name not in self.frozen_names(model)
+            trainable = (self.is_method_parameter(name) or is_embedding_or_norm(name)) and name not in frozen
             param.requires_grad_(trainable)
             if trainable and param.dtype in (torch.float16, torch.bfloat16):
                 param.data = param.data.float()

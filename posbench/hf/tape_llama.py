@@ -19,7 +19,11 @@ original computes. As in posbench's TAPE, the state after the last layer is disc
 appends the state to its values nor updates it (its TAPE parameters exist and are frozen).
 
 The state travels between layers through one :class:`TapeState` per model, indexed by layer, so that a
-gradient-checkpointed layer recomputes from the same input state in the backward pass. The KV cache holds,
+gradient-checkpointed layer recomputes from the same input state in the backward pass. A recomputation must
+leave nothing behind in that object: PyTorch's recomputed graph holds its saved tensors strongly and stops as
+soon as the last one is recomputed (inside the MLP-side update), so a state kept from it would keep that
+layer's activations alive for the rest of the backward pass. Hence the MLP takes the attention's result out
+of the object before computing anything, and a recomputation never replaces the next layer's input. The KV cache holds,
 per layer, the rotated keys and the values widened by each past token's layer-input state (what a new
 token's attention-side update aggregates), exactly as posbench's own TAPE caches it.
 
@@ -167,12 +171,13 @@ class TapeMLP(nn.Module):
         self._state = state
 
     def forward(self, x: Tensor) -> Tensor:
-        m = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
         i, state = self.layer_idx, self._state
-        if not state.is_last(i):
-            mid = state.mids[i]
-            state.inputs[i + 1] = mid + state.tape(i).mlp_update(m, mid.to(m.dtype))
-            state.mids[i] = None                  # a checkpointed layer recomputes it from inputs[i]
+        mid, state.mids[i] = state.mids[i], None
+        m = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        if mid is not None:
+            update = mid + state.tape(i).mlp_update(m, mid.to(m.dtype))
+            if state.inputs[i + 1] is None:
+                state.inputs[i + 1] = update
             if not torch.is_grad_enabled():
                 state.inputs[i] = None            # no backward pass will recompute this layer
         return m
