@@ -233,6 +233,7 @@ def test_save_and_load_give_identical_logits_and_cached_generation_is_exact(name
         save_extended(adapter.hf, method, tmp_path / "model", {}, tokenizer)
     model, loaded_method, meta = load_extended(tmp_path / "model")
     assert loaded_method.name == name and meta["length"] == 64 and meta["llama"]["max_position_embeddings"] == 64
+    assert not any(m.training for m in model.modules())      # loaded for evaluation, as from_pretrained does
     assert torch.equal(logits(model, x), expected)            # bitwise: same tensors, same operations
     reloaded = HFCausalLM(model, HFModelConfig(label=meta["label"], method=name), loaded_method).eval()
     prompt = tokens(2, 6, seed=9)

@@ -67,6 +67,7 @@ def test_converted_tape_equals_the_original(kv_heads, attention):
     original = llama(kv_heads=kv_heads, attention=attention)
     tape = copy.deepcopy(original)
     convert_to_tape(tape)
+    assert not any(m.training for m in tape.modules())       # the new modules take the model's (eval) mode
     x = tokens()
     assert_close(logits(tape, x), logits(original, x))
     perturb_tape(tape)                     # the test can fail: non-zero updates change the logits

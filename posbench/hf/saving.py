@@ -86,4 +86,4 @@ def load_extended(directory: Path, *, dtype: torch.dtype | None = None, device: 
     elif not trainable:
         for param in model.parameters():
             param.requires_grad_(False)
-    return model.to(device), method, meta
+    return model.to(device).eval(), method, meta

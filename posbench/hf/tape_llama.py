@@ -215,6 +215,7 @@ def convert_to_tape(model, position_size: int = 0, gate: str = "rowsum", random_
         layer.mlp = TapeMLP(layer.mlp, state, i)
     for param in layers[-1].tape.parameters():
         param.requires_grad_(False)
+    model.train(model.training)                   # the new modules take the model's mode (eval after loading)
     return state
 
 
