@@ -44,7 +44,9 @@ EXTEND = ("--length", 128, "--data", "stdlib", "--preset", "tiny", "-q")
 def test_extend_each_method_then_perplexity_passkey_and_compare(llama_dir, tmp_path, capsys):
     out = tmp_path / "results"
     for method in METHODS:
-        code, stdout, stderr = _run(capsys, "extend", "--model", llama_dir, "--method", method, *EXTEND, "-o", out)
+        extra = ("--set", "train.checkpointing=true") if method == "tape" else ()
+        code, stdout, stderr = _run(capsys, "extend", "--model", llama_dir, "--method", method, *EXTEND, "-o", out,
+                                    *extra)
         assert code == 0, stderr
         assert f"llama+{method}" in stdout
         run = _only(out, "extend", f"llama+{method}")
@@ -53,6 +55,7 @@ def test_extend_each_method_then_perplexity_passkey_and_compare(llama_dir, tmp_p
         assert r["model"]["trainable_parameters"] == r["model"]["trainable_formula"]
         assert r["model"]["added_parameters"] == r["model"]["added_formula"] > 0
         assert r["training"]["steps"] == 2 and r["metrics"]["val_ppl"]["value"] > 1
+        assert r["model"]["gradient_checkpointing"] == (method == "tape")
         assert r["data"]["tokenizer"]["kind"] == "hf" and (run / "checkpoint" / "model" / "config.json").is_file()
         saved = json.loads((run / "checkpoint" / "model" / "config.json").read_text())
         assert saved["max_position_embeddings"] == 128 and saved["rope_parameters"]["factor"] == 2.0

@@ -292,3 +292,21 @@ def test_bf16_weights_with_fp32_trainables_train_under_autocast(name):
     evaluated = extended(name, llama().to(torch.bfloat16), scale=2.0).to(torch.bfloat16)
     with torch.no_grad():
         assert torch.isfinite(evaluated(input_ids=x).logits.float()).all()
+
+
+def test_memory_arithmetic_counts_what_the_models_hold():
+    """posbench.hf.memory's static arithmetic (the README's 7B estimate) counts what a converted model holds,
+    and gives Llama-2-7B's published size (6,738,415,616 parameters)."""
+    from posbench.hf.memory import LLAMA2_7B, parameter_counts
+
+    original = llama(kv_heads=2, layers=3)
+    shape = {"hidden": 32, "layers": 3, "heads": 4, "kv_heads": 2, "intermediate": 64, "vocab": VOCAB}
+    for name in ("lora", "tape"):
+        model = extended(name, original)
+        counts = parameter_counts(shape, name)
+        assert counts["base"] == sum(p.numel() for p in original.parameters())
+        assert counts["total"] == sum(p.numel() for p in model.parameters())
+        assert counts["trainable"] == trainable_count(model)
+    assert parameter_counts(LLAMA2_7B, "lora")["base"] == 6_738_415_616
+    assert parameter_counts(LLAMA2_7B, "lora")["trainable"] == 139_726_848
+    assert parameter_counts(LLAMA2_7B, "tape")["trainable"] == 147_876_864
