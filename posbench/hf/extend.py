@@ -245,9 +245,12 @@ def run_extend(cfg: ExtendConfig, out_root: Path | str = "results", *, reporter:
     if data["eval_tokens"] > 0:
         validation = token_stream(source, "validation", tokenizer, data["eval_tokens"])
         adapter.eval()
+        bar = reporter.task("eval", total=1, unit="length")
         with torch.no_grad(), engine.autocast(device, precision):
             res = evaluate_ppl(adapter, validation.tokens, cfg.length, "chunks", batch_size=data["eval_batch_size"],
                                device=device)
+        bar.update(1, ppl=res.perplexity)
+        bar.close()
         if res.tokens_scored:
             metrics["val_ppl"] = Metric(res.perplexity, None, res.tokens_scored, higher_is_better=False)
             metrics["val_loss"] = Metric(res.mean_nll, None, res.tokens_scored, higher_is_better=False)
