@@ -27,9 +27,9 @@ app = typer.Typer(
 
 app.command("run", epilog=run.RUN_EPILOG)(run.run)
 app.command("ls", epilog=ls.LS_EPILOG)(ls.ls)
+app.command("extend", epilog=extend.EXTEND_EPILOG)(extend.extend)
 app.command("compare", epilog=compare.COMPARE_EPILOG)(compare.compare)
 app.command("score", epilog=score.SCORE_EPILOG)(score.score)
-app.command("extend", epilog=extend.EXTEND_EPILOG)(extend.extend)
 
 
 # ---- entry point -------------------------------------------------------------------------------------------

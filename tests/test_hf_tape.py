@@ -236,11 +236,18 @@ def test_fresh_conversion_trains_the_gate_and_up_projection_first():
 
 
 def test_random_training_offset_shifts_every_position_by_one_draw():
-    """method.random_offset (default, as the reference's TAPE): in training, one k ~ U{0..2 x length} from
-    Python's RNG shifts all positions of the pass; evaluation uses the positions as they are. A common shift
-    rotates every 2x2 block of the state by the same angle per frequency, and TAPE is rotation-equivariant, so
-    the logits do not change (up to float32 rounding of the larger angles)."""
+    """method.random_offset (default, as the reference's TAPE): in training, one k ~ U{0..2 x length}
+    (posbench's ``training_offset``) shifts all positions of the pass; evaluation uses the positions as they
+    are. A common shift rotates every 2x2 block of the state by the same angle per frequency, and TAPE is
+    rotation-equivariant, so the logits do not change (up to float32 rounding of the larger angles)."""
     import random
+
+    from posbench.encodings.rope import training_offset
+
+    def seeded(fn):
+        random.seed(11)
+        torch.manual_seed(11)
+        return fn()
 
     model = apply_method(llama(), TapeMethod(), 2.0, 64)
     perturb_tape(model)
@@ -248,18 +255,17 @@ def test_random_training_offset_shifts_every_position_by_one_draw():
     x = tokens(1, 10)
     positions = torch.arange(10)[None]
     embedded = model.model.embed_tokens(x)
-    random.seed(11)
-    k = random.randint(0, 2 * 64)
-    random.seed(11)
     with torch.no_grad():
-        cos_train, _ = rotary.train()(embedded, positions)
-        cos_shifted, _ = rotary.inner(embedded, positions + k)
-        cos_eval, _ = rotary.eval()(embedded, positions)
+        shifted = seeded(lambda: training_offset(rotary.train(), positions, True, 64))
+        cos_train, _ = seeded(lambda: rotary.train()(embedded, positions))
+        cos_shifted, _ = rotary.inner(embedded, shifted)
+        cos_eval, _ = seeded(lambda: rotary.eval()(embedded, positions))
         cos_plain, _ = rotary.inner(embedded, positions)
-    assert k > 0 and torch.equal(cos_train, cos_shifted) and torch.equal(cos_eval, cos_plain)
+    k = (shifted - positions).unique()
+    assert k.numel() == 1 and 0 < int(k) <= 128                   # one draw for the whole pass, within range
+    assert torch.equal(cos_train, cos_shifted) and torch.equal(cos_eval, cos_plain)
     assert (cos_train - cos_eval).abs().max() > 0.1
-    random.seed(11)
     with torch.no_grad():
-        trained = model.train()(input_ids=x).logits             # dropout is 0: only the offset differs
+        trained = seeded(lambda: model.train()(input_ids=x).logits)     # dropout is 0: only the offset differs
         plain = model.eval()(input_ids=x).logits
     assert_close(trained, plain)

@@ -62,7 +62,9 @@ class HFCausalLM(nn.Module):
         out = self.hf(input_ids=tokens, past_key_values=cache, use_cache=cache is not None, **kwargs)
         return out.logits
 
-    def new_cache(self):
+    def new_cache(self, capacity: int = 0):
+        """transformers' ``DynamicCache`` (it grows by concatenation; ``capacity``, posbench's preallocation
+        hint, is not needed)."""
         from transformers import DynamicCache
 
         return DynamicCache(config=self.llama.config)

@@ -76,6 +76,16 @@ def label_of(directory: Path) -> str:
     return str(config.get("model_type", "hf"))
 
 
+class HFModelEncoding:
+    """What ``resolve_run_config`` asks of an encoding class, for a Hugging Face model: its positional encoding
+    is the model's own (or the extension method's), with no posbench encoding options."""
+
+    name = "hf"
+    description = "the Hugging Face model's own positional encoding"
+    defaults: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+
+
 def init_model_config(init: str | Path) -> dict[str, Any] | None:
     """What ``resolve_run_config`` takes from an HF ``--init``: its encoding label and its architecture."""
     if not is_hf_init(init):

@@ -78,7 +78,7 @@ class TapeRotaryEmbedding(nn.Module):
     """The model's rotary module, unchanged, plus: its float32 table starts TAPE's state for this pass.
 
     ``random_offset`` (the reference's TAPE, and posbench's, in training only): every position of a forward
-    pass is shifted by one k ~ U{0..2 x max_positions} (Python's RNG)."""
+    pass is shifted by one k ~ U{0..2 x max_positions} (posbench's ``training_offset``)."""
 
     def __init__(self, rotary: nn.Module, state: TapeState, random_offset: bool = False, max_positions: int = 0):
         super().__init__()
