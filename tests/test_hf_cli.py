@@ -51,7 +51,9 @@ def test_extend_each_method_then_perplexity_passkey_and_compare(llama_dir, tmp_p
         assert f"llama+{method}" in stdout
         run = _only(out, "extend", f"llama+{method}")
         r = _result(run)
-        assert r["task"] == "extend" and r["encoding"] == f"llama+{method}" and r["config"]["scale"] == 2.0
+        assert r["task"] == "extend" and r["encoding"] == r["label"] == f"llama+{method}"
+        assert r["config"]["task_options"]["scale"] == 2.0 and r["config"]["model"]["num_hidden_layers"] == 2
+        assert all(isinstance(r["config"][k], dict) for k in ("model", "encoding_options", "train", "task_options"))
         assert r["model"]["trainable_parameters"] == r["model"]["trainable_formula"]
         assert r["model"]["added_parameters"] == r["model"]["added_formula"] > 0
         assert r["training"]["steps"] == 2 and r["metrics"]["val_ppl"]["value"] > 1

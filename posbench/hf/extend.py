@@ -269,11 +269,12 @@ def run_extend(cfg: ExtendConfig, out_root: Path | str = "results", *, reporter:
     llama_after = llama_of(adapter.hf).config
     result = {
         "schema_version": SCHEMA_VERSION, "run_id": run_dir.name, "task": EXTEND_TASK, "encoding": prep.label,
+        "label": prep.label,
         "preset": cfg.preset, "status": "complete", "created": prior.get("created", created),
         "finished": now_iso(), "command": prior.get("command", command or sys.argv),
         "posbench": posbench_info(), "environment": environment_info(device, precision),
         "seeds": {**seeds, "data": cfg.seed},
-        "config": {**cfg.to_dict(), "scale": prep.scale, "model_config": hf_config.to_dict()},
+        "config": run_config_view(cfg, prep, hf_config),
         "model": {"parameters": adapter.num_parameters(), "base_parameters": base_parameters,
                   "added_parameters": adapter.num_parameters() - base_parameters,
                   "added_formula": method.added_formula(llama_after),
@@ -300,6 +301,18 @@ def run_extend(cfg: ExtendConfig, out_root: Path | str = "results", *, reporter:
     }
     atomic_write_json(run_dir / RESULT_FILE, result)
     return run_dir, result
+
+
+def run_config_view(cfg: ExtendConfig, prep: Prepared, hf_config) -> dict[str, Any]:
+    """``result["config"]`` in the shape of every run's (``RunConfig``: model, encoding_options, train and
+    task_options sections), so that ``compare`` reads an extend run like any other; ``extend`` keeps the
+    configuration as ``--resume`` reads it."""
+    return {"task": EXTEND_TASK, "encoding": prep.label, "preset": cfg.preset, "seed": cfg.seed, "device": cfg.device,
+            "init": None, "model": describe(prep.base), "encoding_options": dict(prep.method.options),
+            "train": dict(cfg.train),
+            "task_options": {"model": cfg.model, "method": cfg.method, "length": cfg.length, "scale": prep.scale,
+                             "data": cfg.data, **cfg.data_options},
+            "model_config": hf_config.to_dict(), "extend": cfg.to_dict()}
 
 
 def _digest(directory: Path) -> str:
