@@ -305,13 +305,14 @@ def run_extend(cfg: ExtendConfig, out_root: Path | str = "results", *, reporter:
 
 def run_config_view(cfg: ExtendConfig, prep: Prepared, hf_config) -> dict[str, Any]:
     """``result["config"]`` in the shape of every run's (``RunConfig``: model, encoding_options, train and
-    task_options sections), so that ``compare`` reads an extend run like any other; ``extend`` keeps the
-    configuration as ``--resume`` reads it."""
+    task_options sections), so that ``compare`` reads an extend run like any other (the method is the
+    encoding label; its options are the encoding options); ``extend`` keeps the configuration as ``--resume``
+    reads it."""
     return {"task": EXTEND_TASK, "encoding": prep.label, "preset": cfg.preset, "seed": cfg.seed, "device": cfg.device,
             "init": None, "model": describe(prep.base), "encoding_options": dict(prep.method.options),
             "train": dict(cfg.train),
-            "task_options": {"model": cfg.model, "method": cfg.method, "length": cfg.length, "scale": prep.scale,
-                             "data": cfg.data, **cfg.data_options},
+            "task_options": {"model": cfg.model, "length": cfg.length, "scale": prep.scale, "data": cfg.data,
+                             **cfg.data_options},
             "model_config": hf_config.to_dict(), "extend": cfg.to_dict()}
 
 
