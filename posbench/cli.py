@@ -14,6 +14,7 @@ import typer
 
 from posbench.commands import bench, compare, ls, run, score
 from posbench.commands.common import err
+from posbench.commands import extend
 
 app = typer.Typer(
     name="posbench", add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
@@ -26,6 +27,7 @@ app = typer.Typer(
 
 app.command("run", epilog=run.RUN_EPILOG)(run.run)
 app.command("ls", epilog=ls.LS_EPILOG)(ls.ls)
+app.command("extend", epilog=extend.EXTEND_EPILOG)(extend.extend)
 app.command("compare", epilog=compare.COMPARE_EPILOG)(compare.compare)
 app.command("score", epilog=score.SCORE_EPILOG)(score.score)
 app.command("bench", epilog=bench.BENCH_EPILOG)(bench.bench)

@@ -169,6 +169,7 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
                        ) -> RunConfig:
     """Defaults -> the task's preset -> ``--init`` architecture -> flags -> ``--set``; everything type-checked."""
     from posbench.encodings import ENCODINGS
+    from posbench.hf.runs import HFModelEncoding
     from posbench.tasks import TASKS
 
     task_cls = TASKS.get(task)
@@ -188,7 +189,8 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
         init_options = dict(init_model.get("encoding_options") or {})
     if encoding is None:
         raise ConfigError("--encoding is required (or --init RUN_DIR to take it from another run)")
-    encoding_cls = ENCODINGS.get(encoding)
+    hf_init = init is not None and read_init_model_config(init).get("hf", False)
+    encoding_cls = HFModelEncoding if hf_init else ENCODINGS.get(encoding)   # a Hugging Face --init: no options
     sections: dict[str, dict[str, Any]] = {
         "model": model,
         "encoding": dict(encoding_cls.defaults),
@@ -227,6 +229,11 @@ def read_init_model_config(init: str) -> dict[str, Any]:
     import json
     from pathlib import Path
 
+    from posbench.hf.runs import init_model_config
+
+    hf = init_model_config(init)           # an extend run or a local Llama directory (posbench.hf)
+    if hf is not None:
+        return hf
     run = Path(init)
     if not run.is_dir():
         raise ConfigError(f"--init {init}: no such run directory")

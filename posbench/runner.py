@@ -60,7 +60,12 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
     seeds = engine.seed_everything(config.seed)
 
     init_info = None
-    if config.init is not None:
+    from posbench.hf.runs import build_init_model
+
+    hf_init = build_init_model(config, task, device)     # (model, init record) for a Hugging Face --init, else None
+    if hf_init is not None:
+        model, init_info = hf_init
+    elif config.init is not None:
         from posbench.config import read_init_model_config
 
         model_dict = task.init_model_config(read_init_model_config(config.init))
@@ -72,8 +77,9 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
                               f"'{config.task}' needs {task.vocab_size()}")
     else:
         model_cfg = task.model_config()
-    model = Transformer(model_cfg)
-    if config.init is not None:
+    if hf_init is None:
+        model = Transformer(model_cfg)
+    if config.init is not None and hf_init is None:
         weights = Path(config.init) / CHECKPOINT_DIR / "model.safetensors"
         if not resume:
             engine.load_weights(model, weights)

@@ -31,6 +31,10 @@ def read_init_result(init: str | Path) -> dict[str, Any]:
 
 def init_tokenizer(init: str | Path) -> Tokenizer:
     """The tokenizer an ``--init`` run recorded (``result["data"]["tokenizer"]``), loaded from its directory."""
+    from posbench.hf.runs import init_tokenizer as hf_tokenizer
+
+    if (local_llama := hf_tokenizer(init)) is not None:      # a local Llama directory's own tokenizer
+        return local_llama
     spec = (read_init_result(init).get("data") or {}).get("tokenizer")
     if not isinstance(spec, dict):
         raise ConfigError(f"--init {init}: that run recorded no tokenizer (is it a pretrain, perplexity, passkey "

@@ -1,0 +1,296 @@
+"""The context-extension methods of ``posbench extend`` (the TAPE paper's section 3.5 recipe), one class each.
+
+Every method first interpolates RoPE positions linearly by ``--scale`` (``posbench.hf.rope``), then:
+
+* ``tape``: TAPE inside the Llama (``posbench.hf.tape_llama``); trainable: TAPE's per-layer modules (both
+  the attention-side gate and the MLP-side update: the reference code's typo freezes the gate, here it
+  trains), the embeddings and the norms. As in the reference, training positions get one random offset
+  k ~ U{0..2 x length} per forward pass (``method.random_offset``; the LoRA baselines get none).
+* ``lora``: LoRA (``peft``; r 8, alpha 16, dropout 0) on q, k, v, o; trainable: LoRA, embeddings, norms.
+* ``longlora``: the same LoRA, trained with shifted sparse attention (``posbench.hf.s2attn``); full
+  attention at evaluation.
+* ``theta``: the same LoRA with RoPE theta raised to 1e6 on top of the interpolation ("Theta Scaling").
+
+"Embeddings and norms" follows LongLoRA's ``trainable_params="embed,norm"``: ``model.embed_tokens``, every
+RMSNorm, not ``lm_head``. A method's options are ``--set method.KEY=VALUE``. Each method states its
+trainable-parameter count as a formula of the architecture (:meth:`Method.trainable_formula`); the tests
+check it against the model.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from posbench.config import coerce
+from posbench.errors import ConfigError
+from posbench.hf.loading import head_dim
+from posbench.hf.rope import llama_of, scaled_rope_parameters
+from posbench.registry import Registry
+
+METHODS: Registry = Registry("method")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+class Method:
+    """Base class: subclass it with a ``name``; defining the class registers it."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        METHODS.add_subclass(cls)
+
+    def __init__(self, **options: Any):
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            raise ConfigError(f"method '{self.name}' has no option {', '.join(unknown)}; options: "
+                              f"{', '.join(sorted(self.defaults)) or 'none'}")
+        self.options = {k: coerce(f"method.{k}", options.get(k, v), v) for k, v in self.defaults.items()}
+
+    # ---- the conversion -------------------------------------------------------------------------------
+    def rope_parameters(self, config, scale: float) -> dict[str, Any]:
+        return scaled_rope_parameters(config, scale)
+
+    def convert(self, model) -> nn.Module:
+        """Add the method's modules to a ``LlamaForCausalLM`` (rope already set); returns the model to train."""
+        raise NotImplementedError
+
+    def training_attention(self) -> str | None:
+        """The attention implementation used while training (None: the model's own)."""
+        return None
+
+    def check_length(self, length: int) -> None:
+        """Refuse a training length the method cannot train on (one-line error)."""
+
+    def is_method_parameter(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def mark_trainable(self, model) -> None:
+        """Freeze everything but the method's parameters, the embeddings and the norms (float32 when the base
+        model is in a half type, so that the optimizer's small updates are not rounded away)."""
+        frozen = self.frozen_names(model)
+        for name, param in model.named_parameters():
+            trainable = (self.is_method_parameter(name) or is_embedding_or_norm(name)) and name not in frozen
+            param.requires_grad_(trainable)
+            if trainable and param.dtype in (torch.float16, torch.bfloat16):
+                param.data = param.data.float()
+
+    def frozen_names(self, model) -> set[str]:
+        return set()
+
+    # ---- save / load ----------------------------------------------------------------------------------
+    def save(self, model, directory: Path) -> list[str]:
+        """Write the method's own tensors next to the saved Llama; returns the files written."""
+        raise NotImplementedError
+
+    def load(self, model, directory: Path) -> nn.Module:
+        """Convert a reloaded Llama and load the method's tensors; returns the model."""
+        raise NotImplementedError
+
+    def base_state_dict(self, model) -> dict[str, torch.Tensor]:
+        """The Llama's own tensors under their original names (without the method's)."""
+        raise NotImplementedError
+
+    # ---- counts ---------------------------------------------------------------------------------------
+    def added_formula(self, config) -> int:
+        """Parameters the method adds to the Llama."""
+        raise NotImplementedError
+
+    def trainable_formula(self, config) -> int:
+        """Trainable parameters, from the architecture alone."""
+        return self.method_trainable_formula(config) + embedding_and_norm_count(config)
+
+    def method_trainable_formula(self, config) -> int:
+        return self.added_formula(config)
+
+
+def is_embedding_or_norm(name: str) -> bool:
+    leaf = name.split(".")
+    return any(part == "embed_tokens" or part.endswith("norm") for part in leaf)
+
+
+def embedding_and_norm_count(config) -> int:
+    """V x d (token embeddings) + (2L + 1) x d (two RMSNorms per layer and the final one)."""
+    return config.vocab_size * config.hidden_size + (2 * config.num_hidden_layers + 1) * config.hidden_size
+
+
+# ---- TAPE --------------------------------------------------------------------------------------------------
+
+class TapeMethod(Method):
+    name = "tape"
+    description = "TAPE in every layer (zero-initialised updates, both trained), plus embeddings and norms"
+    defaults = {"position_size": 0, "gate": "rowsum", "random_offset": True}
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        if self.options["gate"] not in ("rowsum", "scalar"):
+            raise ConfigError(f"method.gate must be rowsum or scalar, got {self.options['gate']!r}")
+
+    def convert(self, model):
+        from posbench.hf.tape_llama import convert_to_tape
+
+        convert_to_tape(model, self.options["position_size"], self.options["gate"], self.options["random_offset"])
+        return model
+
+    def is_method_parameter(self, name: str) -> bool:
+        return ".tape." in f".{name}"
+
+    def frozen_names(self, model) -> set[str]:
+        last = len(model.model.layers) - 1          # the state after the last layer is discarded
+        return {n for n, _ in model.named_parameters() if n.startswith(f"model.layers.{last}.tape.")}
+
+    def position_size(self, config) -> int:
+        return self.options["position_size"] or 4 * config.num_attention_heads
+
+    def added_formula(self, config) -> int:
+        """L x (d x I + 2 x H x I + H x H) (row-sum gate; H for the scalar gate): the reference's formula."""
+        d, h, i = config.hidden_size, config.num_attention_heads, self.position_size(config)
+        gate = h * h if self.options["gate"] == "rowsum" else h
+        return config.num_hidden_layers * (d * i + 2 * h * i + gate)
+
+    def method_trainable_formula(self, config) -> int:
+        """All but the last layer's TAPE parameters (they never reach the loss)."""
+        return self.added_formula(config) * (config.num_hidden_layers - 1) // config.num_hidden_layers
+
+    def base_state_dict(self, model):
+        return {k: v for k, v in model.state_dict().items() if not self.is_method_parameter(k)}
+
+    def save(self, model, directory: Path) -> list[str]:
+        from safetensors.torch import save_file
+
+        from posbench.results import atomic_save
+
+        tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+                   if self.is_method_parameter(k)}
+        atomic_save(directory / TAPE_FILE, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+        return [TAPE_FILE]
+
+    def load(self, model, directory: Path):
+        from safetensors.torch import load_file
+
+        from posbench.hf.loading import HFModelError
+
+        model = self.convert(model)
+        path = directory / TAPE_FILE
+        try:
+            tensors = load_file(str(path))
+        except Exception as exc:  # noqa: BLE001
+            raise HFModelError(f"cannot read TAPE weights {path} ({type(exc).__name__})") from None
+        expected = {k for k in model.state_dict() if self.is_method_parameter(k)}
+        if set(tensors) != expected:
+            raise HFModelError(f"{path} does not fit this model ({len(expected - set(tensors))} TAPE tensors "
+                               f"missing, {len(set(tensors) - expected)} unexpected)")
+        model.load_state_dict(tensors, strict=False)
+        return model
+
+
+TAPE_FILE = "tape.safetensors"
+
+
+# ---- LoRA and its variants ---------------------------------------------------------------------------------
+
+class LoraMethod(Method):
+    name = "lora"
+    description = "LoRA r 8, alpha 16 on q, k, v, o (peft), plus embeddings and norms; full attention"
+    defaults = {"r": 8, "alpha": 16, "dropout": 0.0}
+    ADAPTER_DIR = "adapter"
+
+    def lora_config(self):
+        from peft import LoraConfig
+
+        return LoraConfig(r=self.options["r"], lora_alpha=self.options["alpha"],
+                          lora_dropout=self.options["dropout"], target_modules=list(LORA_TARGETS), bias="none",
+                          task_type="CAUSAL_LM")
+
+    def convert(self, model):
+        from peft import get_peft_model
+
+        with quiet_deprecations():
+            return get_peft_model(model, self.lora_config())
+
+    def is_method_parameter(self, name: str) -> bool:
+        return ".lora_" in name
+
+    def added_formula(self, config) -> int:
+        """r x (in + out) per adapted matrix: q (d -> H*D), k and v (d -> KVH*D), o (H*D -> d), every layer."""
+        d, dh, r = config.hidden_size, head_dim(config), self.options["r"]
+        q_out, kv_out = config.num_attention_heads * dh, config.num_key_value_heads * dh
+        per_layer = r * (d + q_out) + 2 * r * (d + kv_out) + r * (q_out + d)
+        return config.num_hidden_layers * per_layer
+
+    def base_state_dict(self, model):
+        llama = llama_of(model)
+        return {k.replace(".base_layer.", "."): v for k, v in llama.state_dict().items() if ".lora_" not in k}
+
+    def save(self, model, directory: Path) -> list[str]:
+        model.save_pretrained(str(directory / self.ADAPTER_DIR))
+        return [self.ADAPTER_DIR]
+
+    def load(self, model, directory: Path):
+        from peft import PeftModel
+
+        from posbench.hf.loading import HFModelError
+
+        try:
+            with quiet_deprecations():
+                return PeftModel.from_pretrained(model, str(directory / self.ADAPTER_DIR), is_trainable=True)
+        except Exception as exc:  # noqa: BLE001
+            raise HFModelError(f"cannot load the LoRA adapter in {directory / self.ADAPTER_DIR} "
+                               f"({type(exc).__name__})") from None
+
+
+class LongLoraMethod(LoraMethod):
+    name = "longlora"
+    description = "LoRA as 'lora', trained with shifted sparse attention (S²-Attn, groups of 1/4); full attention at eval"
+    defaults = {**LoraMethod.defaults, "group_ratio": 0.25}
+
+    def convert(self, model):
+        from posbench.hf.s2attn import register
+
+        register()
+        for layer in model.model.layers:
+            layer.self_attn.s2_group_ratio = self.options["group_ratio"]
+        return super().convert(model)
+
+    def training_attention(self) -> str | None:
+        from posbench.hf.s2attn import register
+
+        return register()
+
+    def check_length(self, length: int) -> None:
+        from posbench.hf.s2attn import group_size
+
+        group_size(length, self.options["group_ratio"])
+
+
+class ThetaMethod(LoraMethod):
+    name = "theta"
+    description = "RoPE theta 1e6 on top of the interpolation, plus LoRA as 'lora'"
+    defaults = {**LoraMethod.defaults, "theta": 1e6}
+
+    def rope_parameters(self, config, scale: float) -> dict[str, Any]:
+        return scaled_rope_parameters(config, scale, theta=self.options["theta"])
+
+
+@contextmanager
+def quiet_deprecations():
+    """peft calls transformers APIs that transformers 5 deprecates; the warning is theirs, not the user's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
+def trainable_count(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def make_method(name: str, options: dict[str, Any] | None = None) -> Method:
+    return METHODS.get(name)(**(options or {}))

@@ -1,0 +1,89 @@
+"""Saving an extended model and loading it back to identical logits.
+
+An extended model is a directory that any transformers tool reads as a Llama, plus what posbench needs to
+rebuild the method::
+
+    config.json, model.safetensors   save_pretrained of the Llama: its original tensor names, the trained
+                                     embeddings and norms, rope_parameters with the interpolation (and theta),
+                                     max_position_embeddings = the new length
+    tokenizer files                  the base model's tokenizer (save_pretrained)
+    tape.safetensors                 tape: every layer's TAPE tensors (model.layers.<i>.tape.*)
+    adapter/                         lora, longlora, theta: the peft adapter (adapter_config.json and weights;
+                                     PeftModel.from_pretrained reads it)
+    posbench_extend.json             method, its options, scale, length, base model; written last
+
+The directory is written as ``<name>.tmp`` and renamed when complete, so a kill leaves no half model.
+A directory without ``posbench_extend.json`` is loaded as a plain Llama.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posbench.hf.loading import HFModelError, describe, load_llama
+from posbench.hf.methods import Method, make_method
+from posbench.hf.rope import llama_of
+from posbench.results import atomic_write_json
+
+META_FILE = "posbench_extend.json"
+FORMAT = 1
+
+
+def save_extended(model, method: Method, directory: Path, meta: dict[str, Any], tokenizer=None) -> Path:
+    """Write ``model`` (converted by ``method``) to ``directory``, which must not exist yet."""
+    directory = Path(directory)
+    if directory.exists():
+        raise HFModelError(f"{directory} already exists; an extended model is never overwritten")
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    llama = llama_of(model)
+    state = {k: v.detach() for k, v in method.base_state_dict(model).items()}
+    llama.save_pretrained(str(tmp), state_dict=state)
+    files = method.save(model, tmp)
+    if tokenizer is not None:
+        tokenizer.hf.save_pretrained(str(tmp))
+    atomic_write_json(tmp / META_FILE, {"format": FORMAT, **meta, "method": method.name,
+                                        "method_options": dict(method.options), "files": files,
+                                        "llama": describe(llama.config)})
+    os.replace(tmp, directory)
+    return directory
+
+
+def read_meta(directory: Path) -> dict[str, Any] | None:
+    path = Path(directory) / META_FILE
+    if not path.is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise HFModelError(f"cannot read {path}: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or "method" not in meta:
+        raise HFModelError(f"{path} is not a posbench extended-model description (format {FORMAT})")
+    return meta
+
+
+def load_extended(directory: Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+                  attention: str = "sdpa", trainable: bool = False):
+    """``(model, method or None, meta or None)``: an extended model rebuilt, or a plain Llama.
+
+    ``trainable``: the method's parameters, embeddings and norms require gradients (to train on); otherwise
+    nothing does (evaluation)."""
+    meta = read_meta(directory)
+    model = load_llama(directory, dtype=dtype, device=device, attention=attention)
+    method = None
+    if meta is not None:
+        method = make_method(meta["method"], meta.get("method_options") or {})
+        model = method.load(model, Path(directory))
+    if trainable and method is not None:
+        method.mark_trainable(model)
+    elif not trainable:
+        for param in model.parameters():
+            param.requires_grad_(False)
+    return model.to(device).eval(), method, meta
