@@ -206,6 +206,8 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
             if key in init_model:
                 sections["model"][key] = init_model[key]
         sections["encoding"].update({k: v for k, v in (init_options or {}).items() if k in sections["encoding"]})
+        if "tokenizer" in sections["task"]:       # the init run's tokenizer; a preset's is for runs from scratch
+            sections["task"]["tokenizer"] = task_cls.options["tokenizer"]
     if steps is not None:
         apply_overrides(sections, {"train.steps": steps}, origin="--steps")
     for flag, value in (task_flags or {}).items():

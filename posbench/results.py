@@ -331,8 +331,9 @@ def scan_runs(root: Path) -> tuple[list[dict[str, Any]], list[Problem]]:
     for config in sorted(root.rglob(CONFIG_FILE)):
         if config.parent not in seen and CHECKPOINT_DIR not in config.parts[len(root.parts):]:
             seen.add(config.parent)
+            command = "extend" if config.parent.parent.parent.name == "extend" else "run"   # <task>/<label>/<id>
             problems.append(Problem(config.parent, "unfinished: no result.json (still running, killed or "
-                                                   "failed; 'posbench run --resume DIR' continues it)"))
+                                                   f"failed; 'posbench {command} --resume DIR' continues it)"))
     return runs, problems
 
 

@@ -99,6 +99,16 @@ def test_extend_each_method_then_perplexity_passkey_and_compare(llama_dir, tmp_p
     for label in [f"llama+{m}" for m in METHODS] + ["llama"]:     # one row per model (maybe with its init named)
         assert re.search(rf"^\| {re.escape(label)}( \[[^\]]*\])? \|", table, re.MULTILINE), (label, table)
 
+    # the paper's Table 2 and passkey figure as one table: a row per extended model, perplexity per length and
+    # passkey accuracy as columns
+    code, stdout, stderr = _run(capsys, "compare", out, "--by-model", "--format", "markdown")
+    assert code == 0, stderr
+    header = next(line for line in stdout.splitlines() if line.startswith("| "))
+    for column in ("perplexity:ppl_1x", "perplexity:ppl_4x", "passkey:accuracy"):
+        assert column in header, header
+    for label in [f"llama+{m}" for m in METHODS] + ["llama"]:
+        assert re.search(rf"^\| {re.escape(label)} \|", stdout, re.MULTILINE), (label, stdout)
+
 
 def test_resume_after_a_kill_gives_the_uninterrupted_model(llama_dir, tmp_path):
     from posbench.engine import StopTraining

@@ -3,9 +3,12 @@
 A run that starts from another run (``--init``, recorded as ``result["init"]["run"]``) evaluates that run's
 model, so it goes to that run's row; a run that starts from nothing is a model of its own. The row is named
 after the model's run: its ``label`` when it records one (an extended pretrained model, e.g.
-``llama+lora``), else its encoding. Columns are ``task:metric``. Runs of one task with different settings
-(besides the encoding) are never pooled: each set of settings gets columns of its own, marked ``#1``, ``#2``
-and explained under the table; runs of one task and settings for one model are averaged.
+``llama+lora``), else its encoding; a model with no readable run of its own (a pretrained model's directory)
+takes the label its evaluation runs recorded (``init.label``). Columns are ``task:metric``. A model's own run
+(pretrain, extend) defines the model, so its settings differ from row to row by nature and share columns.
+Evaluation runs of one task with different settings (besides the encoding) are never pooled: each set of
+settings gets columns of its own, marked ``#1``, ``#2`` and explained under the table; runs of one task and
+settings for one model are averaged.
 """
 
 from __future__ import annotations
@@ -33,10 +36,15 @@ def model_of(run: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     return _where(init), grouping.init_result(run)
 
 
-def model_label(model_run: dict[str, Any] | None, identity: str) -> str:
+def model_label(model_run: dict[str, Any] | None, identity: str, evaluations: list[dict[str, Any]] = ()) -> str:
     if model_run is None:
-        return Path(identity).name or identity
+        recorded = [(r.get("init") or {}).get("label") for r in evaluations]
+        return next((str(label) for label in recorded if label), None) or Path(identity).name or identity
     return str(model_run.get("label") or model_run.get("encoding"))
+
+
+def _evaluates_another(run: dict[str, Any]) -> bool:
+    return bool((run.get("init") or {}).get("run") or (run.get("config") or {}).get("init"))
 
 
 def _task_variants(runs: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -59,13 +67,13 @@ def models_table(runs: list[dict[str, Any]]) -> TaskTable:
     from posbench.report.bench import is_bench
 
     runs = [r for r in runs if not is_bench(r)]
-    variants = _task_variants(runs)
+    variants = _task_variants([r for r in runs if _evaluates_another(r)])
     models: dict[str, dict[str, Any]] = {}
     for run in runs:
         identity, own = model_of(run)
         entry = models.setdefault(identity, {"run": own, "by_column": {}})
         entry["run"] = entry["run"] or own
-        fps = variants[str(run["task"])]
+        fps = variants.get(str(run["task"]), []) if _evaluates_another(run) else []
         prefix = str(run["task"]) + (f"#{fps.index(_task_fingerprint(run)) + 1}" if len(fps) > 1 else "")
         entry["by_column"].setdefault(prefix, []).append(run)
     # tasks whose runs are themselves models (pretrain) first, then the others by name
@@ -79,7 +87,8 @@ def models_table(runs: list[dict[str, Any]]) -> TaskTable:
         for name in names:
             columns.append(f"{prefix}:{name}")
             hib[f"{prefix}:{name}"] = task_hib[name]
-    labels = {identity: model_label(m["run"], identity) for identity, m in models.items()}
+    labels = {identity: model_label(m["run"], identity, [r for rs in m["by_column"].values() for r in rs])
+              for identity, m in models.items()}
     repeated = {lab for lab in labels.values() if list(labels.values()).count(lab) > 1}
     rows = []
     for identity, m in models.items():
@@ -101,7 +110,8 @@ def models_table(runs: list[dict[str, Any]]) -> TaskTable:
              "of one task are averaged"]
     for task, fps in variants.items():
         if len(fps) > 1:
-            task_runs = [[r for r in runs if str(r["task"]) == task and _task_fingerprint(r) == fp][:1] for fp in fps]
+            task_runs = [[r for r in runs if str(r["task"]) == task and _evaluates_another(r)
+                          and _task_fingerprint(r) == fp][:1] for fp in fps]
             apart, _ = grouping.distinguishing(task_runs)
             for i, a in enumerate(apart):
                 shown = [f"{k}={grouping.show(v)}" for k, v in a.items()
