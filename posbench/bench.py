@@ -102,9 +102,8 @@ class BenchConfig:
             raise BenchError(f"--steps must be >= 1 and --warmup >= 0, got {self.steps} and {self.warmup}")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise BenchError(f"--peak-tflops must be positive, got {self.peak_tflops}")
-        if BASELINE not in self.encodings:
-            self.encodings = [BASELINE, *self.encodings]     # ratios are to RoPE measured in the same run
-        self.encodings = list(dict.fromkeys(self.encodings))
+        # ratios are to RoPE measured in the same run: it is always measured, and listed first
+        self.encodings = list(dict.fromkeys([BASELINE, *self.encodings]))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -213,3 +213,29 @@ def test_flex_kernel_options_from_the_environment(monkeypatch):
 
 def test_every_backend_is_registered():
     assert set(BACKENDS) == {"eager", "sdpa", "sdpa_split", "flex", "flash_attn"}
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3, 8])
+def test_causal_query_blocks_equal_eager_outputs_and_gradients(blocks):
+    """TAPE's widened values on a CPU go through causal attention in query blocks (each block sees only the keys
+    it may): exact, 301 tokens so the blocks are uneven."""
+    grads = {}
+    for name in ("eager", "blocks"):
+        q, k, v = (t.requires_grad_() for t in qkv(301, 301, d=8, dv=16, batch=1, heads=2))
+        out = attention.causal_query_blocks(q, k, v, blocks) if name == "blocks" else attend(q, k, v, None, "eager")
+        weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(6))
+        (out * weight).sum().backward()
+        grads[name] = [out.detach()] + [t.grad for t in (q, k, v)]
+    for reference, other in zip(grads["eager"], grads["blocks"]):
+        assert_close(other, reference, rel=1e-4)
+
+
+def test_sdpa_takes_query_blocks_for_wide_values_on_cpu(monkeypatch):
+    seen = []
+    real = attention.causal_query_blocks
+    monkeypatch.setattr(attention, "causal_query_blocks", lambda *a: seen.append(a[-1]) or real(*a))
+    q, k, v = qkv(256, 256, d=8, dv=16, batch=1, heads=2)
+    assert_close(attend(q, k, v, None, "sdpa"), attend(q, k, v, None, "eager"))
+    attend(q, k, v[..., :8], None, "sdpa")            # equal widths: the flash kernel, no blocks
+    attend(*qkv(100, 100, d=8, dv=16, batch=1, heads=2), None, "sdpa")   # short: one block is faster
+    assert seen == [2]

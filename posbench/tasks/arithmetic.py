@@ -277,8 +277,8 @@ class Arithmetic(Task):
                       "checkpoint_every": 2000},
             "task": {"train_digits": 20, "eval_digits": 40, "eval_samples": 100, "eval_batch_size": 2048},
             "expected": {"seconds": 1500, "hardware": H100, "how": "estimated",
-                         "note": "RoPE with train.compile=auto (on); eager ~37 min; TAPE eager ~60 min, within "
-                                 "30 min only once TAPE compiles into one graph (issue 8)"},
+                         "note": "RoPE with train.compile=auto (on); eager ~37 min; TAPE eager ~60 min, "
+                                 "compiled (one graph for all layers) expected near RoPE's; not yet timed on a GPU"},
         },
     }
 
