@@ -269,3 +269,34 @@ def test_random_training_offset_shifts_every_position_by_one_draw():
         trained = seeded(lambda: model.train()(input_ids=x).logits)     # dropout is 0: only the offset differs
         plain = model.eval()(input_ids=x).logits
     assert_close(trained, plain)
+
+
+# ---- the tied state -------------------------------------------------------------------------------------------
+def test_the_state_is_carried_tied_and_untied_when_the_table_is_not():
+    """Llama's table repeats its angles in both halves, so the state is [c | s] of width D (posbench's layout);
+    a table whose halves differ is carried untied, [C | S] of width 2D, and still rotates by the definition."""
+    from posbench.encodings.tape import rotate_by_state, untie
+    from posbench.hf.tape_llama import TapeState
+
+    model = llama()
+    state = convert_to_tape(model)
+    perturb_tape(model)
+    x = tokens()
+    with torch.no_grad():
+        model(input_ids=x)
+    assert state.tied is True and state.n_heads == 4
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    assert state.inputs[0] is None or state.inputs[0].shape[-1] == head_dim
+
+    odd = TapeState(1, 2)
+    cos, sin = torch.rand(1, 3, 8), torch.rand(1, 3, 8)          # halves differ
+    odd.start(cos, sin)
+    assert odd.tied is False and odd.input(0).shape == (1, 2, 3, 16)
+    q = torch.randn(1, 2, 3, 8)
+    rotate_half = torch.cat((-q[..., 4:], q[..., :4]), dim=-1)
+    torch.testing.assert_close(rotate_by_state(q, odd.input(0)), q * cos[:, None] + rotate_half * sin[:, None])
+    tied = TapeState(1, 2)
+    tied.start(torch.cat((cos[..., :4], cos[..., :4]), -1), torch.cat((sin[..., :4], sin[..., :4]), -1))
+    assert tied.tied is True and tied.input(0).shape == (1, 2, 3, 8)
+    torch.testing.assert_close(untie(tied.input(0)), torch.cat((cos[..., :4],) * 2 + (sin[..., :4],) * 2, -1)
+                               [:, None].expand(1, 2, 3, 16))

@@ -73,6 +73,17 @@ class TAPELayer(nn.Module):
         return (mix @ state.transpose(1, 2)).transpose(1, 2)                    # [B, N, H, W] -> [B, H, N, W]
 
 
+def rotate_by_state(x: Tensor, state: Tensor) -> Tensor:
+    """``x [..., D]`` rotated by a TAPE state of the same dtype: tied ``[c | s]`` (width D: each pair
+    (x_f, x_{f+D/2}) turned by (c_f, s_f)) or untied ``[C | S]`` (width 2D: x * C + rotate_half(x) * S)."""
+    if state.shape[-1] == x.shape[-1]:
+        c, s = state.chunk(2, dim=-1)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    cos, sin = state.chunk(2, dim=-1)
+    return x * cos + rotate_half(x) * sin
+
+
 def untie(state: Tensor) -> Tensor:
     """The tied state ``[c | s]`` ``[..., D]`` as the full ``[C | S]`` ``[..., 2D]``, halves duplicated."""
     c, s = state.chunk(2, dim=-1)
@@ -110,16 +121,7 @@ class TAPE(PositionalEncoding):
 
     def rotate(self, layer: int, q: Tensor, k: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         state = state.to(q.dtype)
-        if state.shape[-1] == self.head_dim:                    # tied: q~ = (q1 c - q2 s, q2 c + q1 s)
-            c, s = state.chunk(2, dim=-1)
-            return self._rotate_tied(q, c, s), self._rotate_tied(k, c, s)
-        cos, sin = state.chunk(2, dim=-1)                       # untied: q * C + rotate_half(q) * S
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-
-    @staticmethod
-    def _rotate_tied(x: Tensor, c: Tensor, s: Tensor) -> Tensor:
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+        return rotate_by_state(q, state), rotate_by_state(k, state)
 
     def is_last(self, layer: int) -> bool:
         """The state after the last layer is discarded, so that layer's updates are skipped."""

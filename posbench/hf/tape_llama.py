@@ -1,7 +1,10 @@
 """TAPE inside a Hugging Face Llama: the model keeps its weights; three module swaps add TAPE.
 
 TAPE (``posbench.encodings.tape``, reference spec ``tape-and-baselines.md`` section 1) carries a positional
-state (C, S), ``[B, H, N, D]`` each (stored as one ``[B, H, N, 2D]`` tensor), next to the hidden states:
+state (C, S), ``[B, H, N, D]`` each, next to the hidden states. Llama's rotary table repeats its D/2 angles in
+both halves, as posbench's own RoPE table does, so the state is carried tied as posbench's TAPE carries it:
+``[c | s]``, ``[B, H, N, D]``, half of C and half of S (every update treats the channels alike, so the halves
+stay equal). A table whose halves differ (checked on the first pass) is carried untied, ``[B, H, N, 2D]``.
 
 * ``model.model.rotary_emb`` -> :class:`TapeRotaryEmbedding`: the model's own rotary module (with the
   interpolated ``rope_parameters``) still computes cos/sin, and that table, repeated over heads, becomes the
@@ -38,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.encodings.rope import training_offset
-from posbench.encodings.tape import TAPELayer
+from posbench.encodings.tape import TAPELayer, rotate_by_state
 
 
 class TapeState:
@@ -46,13 +49,19 @@ class TapeState:
 
     def __init__(self, n_layers: int, n_heads: int):
         self.n_layers, self.n_heads = n_layers, n_heads
+        self.tied: bool | None = None               # the table's halves are equal (decided on the first pass)
         self.tape_layers: list[TAPELayer] = []
         self.inputs: list[Tensor | None] = [None] * n_layers
         self.mids: list[Tensor | None] = [None] * n_layers
 
     def start(self, cos: Tensor, sin: Tensor) -> None:
-        """A new forward pass: the layer-0 state is the rotary table ``[B, N, D]`` repeated over heads."""
-        table = torch.cat((cos, sin), dim=-1).float()
+        """A new forward pass: the layer-0 state is the rotary table ``[B, N, D]`` (tied: ``[c | s]`` of its
+        first halves) repeated over heads."""
+        half = cos.shape[-1] // 2
+        if self.tied is None:
+            self.tied = bool(torch.equal(cos[..., :half], cos[..., half:]) and
+                             torch.equal(sin[..., :half], sin[..., half:]))
+        table = torch.cat((cos[..., :half], sin[..., :half]) if self.tied else (cos, sin), dim=-1).float()
         self.inputs = [table[:, None].expand(-1, self.n_heads, -1, -1)] + [None] * (self.n_layers - 1)
         self.mids = [None] * self.n_layers
 
@@ -93,11 +102,6 @@ class TapeRotaryEmbedding(nn.Module):
         return cos.to(x.dtype), sin.to(x.dtype)
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def repeat_heads(x: Tensor, groups: int) -> Tensor:
     """``[B, KVH, N, D] -> [B, KVH * groups, N, D]`` (query head h uses key/value head h // groups)."""
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
@@ -131,10 +135,8 @@ class TapeAttention(nn.Module):
         q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         k = repeat_heads(self.k_proj(hidden_states).view(shape).transpose(1, 2), self.kv_groups)
         v = repeat_heads(self.v_proj(hidden_states).view(shape).transpose(1, 2), self.kv_groups)
-        state = self._state.input(self.layer_idx).expand(b, -1, -1, -1)  # [B, H, N, 2D] float32
-        cos, sin = state.to(q.dtype).chunk(2, dim=-1)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        state = self._state.input(self.layer_idx).expand(b, -1, -1, -1)  # [B, H, N, D] float32 (tied)
+        q, k = rotate_by_state(q, state.to(q.dtype)), rotate_by_state(k, state.to(k.dtype))
         last = self._state.is_last(self.layer_idx)
         if not last:                                                     # aggregated by the same weights as v
             v = torch.cat((v, state.to(v.dtype)), dim=-1)
@@ -142,7 +144,7 @@ class TapeAttention(nn.Module):
             k, v = past_key_values.update(k, v, self.layer_idx)
         out = self._attend(q, k, v, attention_mask, **kwargs)           # [B, N, H, Dv]
         if not last:
-            aggregated = out[..., self.head_dim:].transpose(1, 2)        # [B, H, N, 2D]
+            aggregated = out[..., self.head_dim:].transpose(1, 2)        # [B, H, N, D] (tied)
             gate = self._state.tape(self.layer_idx).head_gate().to(aggregated.dtype)
             self._state.mids[self.layer_idx] = state + gate[None, :, None, None] * aggregated
         y = out[..., :self.head_dim].reshape(b, n, -1).contiguous()
