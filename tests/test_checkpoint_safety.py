@@ -14,13 +14,10 @@ from posbench.cli import main
 from posbench.config import resolve_run_config
 from posbench.engine import StopTraining
 
+from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # tiny models gain nothing from threads
 
 
 def killed_run(tmp_path):

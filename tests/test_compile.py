@@ -54,8 +54,12 @@ def test_compiled_tape_trains_like_eager():
 
     def backend(gm, example_inputs):
         counter(gm, example_inputs)
+        from functorch.compile import make_boxed_func
         from torch._dynamo.backends.common import aot_autograd
-        return aot_autograd(fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g)(gm, example_inputs)
+
+        def keep(graph, _):
+            return make_boxed_func(graph)
+        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
 
     compiled = torch.compile(twin, backend=backend, fullgraph=True)
     x = tokens(2, 12)

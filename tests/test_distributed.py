@@ -21,6 +21,8 @@ from posbench import distributed, runner
 from posbench.config import resolve_run_config
 from posbench.engine import StopTraining
 
+from encoding_helpers import one_thread  # noqa: F401 (a fixture)
+
 ROOT = Path(__file__).resolve().parents[1]
 # global batch 16 = one process: 2 micro-batches of 8; two processes: 1 micro-batch of 8 each
 COMMON = ["steps=8", "batch_size=16", "grad_accum=2", "lr=3e-3", "warmup_steps=0", "log_every=3",
@@ -33,12 +35,7 @@ NO_OFFSET = ["encoding.random_offset=false"]       # TAPE's random shift per for
 LOSS_RTOL, WEIGHT_ATOL = 1e-6, 1e-6
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tiny models gain nothing from threads
 
 
 def only_run(root: Path, encoding: str = "rope") -> Path:

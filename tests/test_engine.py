@@ -13,14 +13,10 @@ from posbench.engine import (Batch, CheckpointError, DeviceError, NonFiniteLossE
 from posbench.model import Transformer
 from posbench.tasks import TASKS
 
+from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared CPU extra threads make steps 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # tiny models gain nothing from threads
 
 
 def tiny(encoding="tape", *sets):
