@@ -18,6 +18,11 @@ from torch import Tensor
 EOS_CHECK_EVERY = 8
 
 
+def shared_rows(positions: Tensor) -> bool:
+    """Every row of ``positions [B, N]`` is the same row (one row, or rows expanded from one)."""
+    return positions.shape[0] == 1 or positions.stride(0) == 0
+
+
 @dataclass
 class LayerCache:
     capacity: int = 0
@@ -30,12 +35,12 @@ class LayerCache:
         """Write ``k``, ``v`` ``[B, H, n, *]`` and their positions ``[B, n]``; return views of everything cached."""
         n = k.shape[2]
         end = self.length + n
-        if positions.stride(0) == 0:                 # every row at the same positions: keep one row
+        if shared_rows(positions):                   # every row at the same positions: keep one row
             positions = positions[:1]
         if self.keys is None or end > self.keys.shape[2]:
             self._grow(k, v, positions, max(end, self.capacity, 2 * (self.keys.shape[2] if self.keys is not None
                                                                      else 0)))
-        if positions.shape[0] != self.positions.shape[0]:
+        if positions.shape[0] > self.positions.shape[0]:   # per-row positions after shared ones: one row each
             self.positions = self.positions.expand(positions.shape[0], -1).clone()
         self.keys[:, :, self.length:end] = k
         self.values[:, :, self.length:end] = v
@@ -47,7 +52,8 @@ class LayerCache:
         b, h, _, d = k.shape
         keys = k.new_empty(b, h, capacity, d)
         values = v.new_empty(b, h, capacity, v.shape[-1])
-        pos = positions.new_empty(positions.shape[0], capacity)
+        rows = max(positions.shape[0], self.positions.shape[0] if self.positions is not None else 1)
+        pos = positions.new_empty(rows, capacity)
         if self.keys is not None:
             keys[:, :, :self.length] = self.keys[:, :, :self.length]
             values[:, :, :self.length] = self.values[:, :, :self.length]

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from posbench.attention import attend
 from posbench.encodings import ENCODINGS
-from posbench.generate import KVCache, LayerCache, greedy_generate
+from posbench.generate import KVCache, LayerCache, greedy_generate, shared_rows
 
 
 @dataclass
@@ -82,11 +82,6 @@ class Attention(nn.Module):
         if extra is not None:
             state = pe.after_attention(self.layer, state, aggregated)
         return self.out(y.transpose(1, 2).reshape(b, n, -1)), state
-
-
-def shared_rows(positions: Tensor) -> bool:
-    """Every row of ``positions [B, N]`` is the same row (one row, or rows expanded from one)."""
-    return positions.shape[0] == 1 or positions.stride(0) == 0
 
 
 class SwiGLU(nn.Module):

@@ -87,3 +87,19 @@ def test_generation_past_the_training_length():
         model = tiny(encoding, max_seq_len=8, layers=1)
         out = model.generate(tokens(1, 6), max_new_tokens=30)
         assert out.shape == (1, 30) and int(out.max()) < VOCAB
+
+
+@pytest.mark.parametrize("first, then", [("per-row", "shared"), ("shared", "per-row")])
+def test_cache_with_per_row_then_shared_positions(first, then):
+    """A cache filled with per-row positions can continue with positions every row shares, and back; both
+    through a growth of the buffers (capacity 4 < 10 tokens)."""
+    model = tiny("alibi", max_seq_len=32).eval()
+    x = tokens(2, 10)
+    shared, per_row = torch.arange(10), torch.arange(10).repeat(2, 1)
+    chosen = {"shared": None, "per-row": per_row}
+    with torch.no_grad():
+        full = model(x, positions=shared)
+        cache = model.new_cache(4)
+        a = model(x[:, :3], positions=None if first == "shared" else per_row[:, :3], cache=cache)
+        b = model(x[:, 3:], positions=None if then == "shared" else chosen[then][:, 3:], cache=cache)
+    assert_close(torch.cat((a, b), 1), full)
