@@ -20,7 +20,6 @@ neighbouring process slows all of them alike.
 from __future__ import annotations
 
 import gc
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -51,7 +50,6 @@ PEAK_TFLOPS: list[tuple[tuple[str, ...], float, str]] = [
     (("H100",), 989.0, "H100 SXM dense bf16"),
     (("H200",), 989.0, "H200 dense bf16"),
     (("H800",), 989.0, "H800 dense bf16"),
-    (("GH200",), 989.0, "GH200 dense bf16"),
     (("B200",), 2250.0, "B200 dense bf16"),
     (("A100",), 312.0, "A100 dense bf16"),
     (("A800",), 312.0, "A800 dense bf16"),
@@ -88,7 +86,8 @@ class BenchConfig:
             raise BenchError(f"unknown mode '{self.mode}'; modes: {', '.join(MODES)}")
         preset = SIZES[self.size]
         self.lengths = list(self.lengths or preset["lengths"])
-        self.batch = list(self.batch or preset["batch"][:len(self.lengths)] or preset["batch"][:1])
+        if not self.batch:        # the preset's batch per length for its lengths, else its first for every length
+            self.batch = list(preset["batch"] if self.lengths == preset["lengths"] else preset["batch"][:1])
         if len(self.batch) == 1:
             self.batch = self.batch * len(self.lengths)
         if len(self.batch) != len(self.lengths):

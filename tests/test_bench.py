@@ -129,5 +129,7 @@ def test_batch_defaults_follow_the_lengths():
     assert BenchConfig(encodings=["rope"], size="paper").batch == [16, 1]
     assert BenchConfig(encodings=["rope"], size="paper", lengths=[2048]).batch == [16]
     assert BenchConfig(encodings=["rope"], size="paper", lengths=[512, 1024, 2048], batch=[4]).batch == [4, 4, 4]
+    assert BenchConfig(encodings=["rope"], size="paper", lengths=[512, 1024, 2048]).batch == [16, 16, 16]
+    assert BenchConfig(encodings=["rope"], size="paper", lengths=[8192, 1024]).batch == [16, 16]
     with pytest.raises(BenchError):
         BenchConfig(encodings=["rope"], steps=0)
