@@ -239,74 +239,85 @@ def is_oom(exc: BaseException) -> bool:
 
 def run_cells(cfg: BenchConfig, device: torch.device, precision: str, progress: Callable[[int], None]
               ) -> list[Cell]:
-    """Measure every (length, encoding) cell; ``progress(k)`` after each timed or warm-up step."""
+    """Measure every (length, encoding) cell; ``progress(k)`` after each timed or warm-up step. On a GPU one
+    cell at a time (its peak memory is its own); elsewhere round robin."""
     cells: list[Cell] = []
     done = 0
     for length, batch in zip(cfg.lengths, cfg.batch):
         group = [Cell(encoding, length, batch) for encoding in cfg.encodings]
-        steps: dict[str, Callable] = {}
-        models: dict[str, Any] = {}
-        round_robin = device.type != "cuda"
-        for cell in group:
-            try:
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                model = build_model(cfg, cell.encoding, length, device)
-                cell.params = model.num_parameters()
-                cell.flops_per_token = flops_per_token(model, length, cfg.mode)
-                steps[cell.encoding] = make_step(cfg, model, length, batch, device, precision)
-                models[cell.encoding] = model
-                if not round_robin:
-                    done = _time_cell(cfg, cell, steps.pop(cell.encoding), device, progress, done)
-                    del models[cell.encoding]
-                    _release(device)
-            except Exception as exc:  # noqa: BLE001 - a failed cell is recorded, the run goes on
-                _fail(cell, exc)
-                steps.pop(cell.encoding, None)
-                models.pop(cell.encoding, None)
-                _release(device)
-        if round_robin:
-            timer = Timer(device)
-            for round_ in range(cfg.warmup + cfg.steps):
-                for cell in group:
-                    if cell.encoding not in steps:
-                        continue
-                    try:
-                        ms = _one(steps[cell.encoding], timer, cfg.mode)
-                    except Exception as exc:  # noqa: BLE001
-                        _fail(cell, exc)
-                        steps.pop(cell.encoding)
-                        continue
-                    if round_ >= cfg.warmup:
-                        cell.ms_all.append(ms)
-                    done += 1
-                    progress(done)
+        if device.type == "cuda":
+            for cell in group:
+                done = _time_alone(cfg, cell, device, precision, progress, done)
+                _release(device)                   # the cell's model is gone before the next one is built
+        else:
+            done = _time_round_robin(cfg, group, device, precision, progress, done)
+            _release(device)
         for cell in group:
             _summarise(cell, cfg)
         cells += group
-        models.clear()
-        steps.clear()
-        _release(device)
     _ratios(cells)
     return cells
 
 
-def _one(step: Callable, timer: Timer, mode: str) -> float:
-    return step() if mode == "decode" else timer(step)
+def _prepare(cfg: BenchConfig, cell: Cell, device: torch.device, precision: str) -> Callable | None:
+    """Build the cell's model and its step (recording its size); None if that fails (recorded in the cell)."""
+    try:
+        model = build_model(cfg, cell.encoding, cell.length, device)
+        cell.params = model.num_parameters()
+        cell.flops_per_token = flops_per_token(model, cell.length, cfg.mode)
+        return make_step(cfg, model, cell.length, cell.batch, device, precision)
+    except Exception as exc:  # noqa: BLE001 - a failed cell is recorded, the run goes on
+        _fail(cell, exc)
+        return None
 
 
-def _time_cell(cfg: BenchConfig, cell: Cell, step: Callable, device: torch.device,
-               progress: Callable[[int], None], done: int) -> int:
+def _time_alone(cfg: BenchConfig, cell: Cell, device: torch.device, precision: str,
+                progress: Callable[[int], None], done: int) -> int:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    step = _prepare(cfg, cell, device, precision)
+    if step is None:
+        return done
     timer = Timer(device)
-    for i in range(cfg.warmup + cfg.steps):
-        ms = _one(step, timer, cfg.mode)
-        if i >= cfg.warmup:
-            cell.ms_all.append(ms)
-        done += 1
-        progress(done)
+    try:
+        for i in range(cfg.warmup + cfg.steps):
+            ms = _one(step, timer, cfg.mode)
+            if i >= cfg.warmup:
+                cell.ms_all.append(ms)
+            done += 1
+            progress(done)
+    except Exception as exc:  # noqa: BLE001
+        _fail(cell, exc)
+        return done
     if device.type == "cuda":
         cell.peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
     return done
+
+
+def _time_round_robin(cfg: BenchConfig, group: list[Cell], device: torch.device, precision: str,
+                      progress: Callable[[int], None], done: int) -> int:
+    """One step of each encoding in turn, so a neighbouring process slows all of them alike."""
+    steps = {cell.encoding: step for cell in group if (step := _prepare(cfg, cell, device, precision))}
+    timer = Timer(device)
+    for round_ in range(cfg.warmup + cfg.steps):
+        for cell in group:
+            if cell.encoding not in steps:
+                continue
+            try:
+                ms = _one(steps[cell.encoding], timer, cfg.mode)
+            except Exception as exc:  # noqa: BLE001
+                _fail(cell, exc)
+                del steps[cell.encoding]
+                continue
+            if round_ >= cfg.warmup:
+                cell.ms_all.append(ms)
+            done += 1
+            progress(done)
+    return done
+
+
+def _one(step: Callable, timer: Timer, mode: str) -> float:
+    return step() if mode == "decode" else timer(step)
 
 
 def _summarise(cell: Cell, cfg: BenchConfig) -> None:

@@ -133,3 +133,30 @@ def test_batch_defaults_follow_the_lengths():
     assert BenchConfig(encodings=["rope"], size="paper", lengths=[8192, 1024]).batch == [16, 16]
     with pytest.raises(BenchError):
         BenchConfig(encodings=["rope"], steps=0)
+
+
+def test_one_cell_at_a_time_frees_its_model_before_the_next(monkeypatch):
+    """The GPU path times one cell alone, so its peak memory is its own: the previous cell's model (weights,
+    optimizer state) must be gone when the next one is built."""
+    import gc
+    import weakref
+
+    built = []
+    real = bench.build_model
+
+    def build_model(cfg, encoding, length, device):
+        gc.collect()
+        alive = [name for name, ref in built if ref() is not None]
+        assert not alive, f"{alive} still alive while building {encoding}"
+        model = real(cfg, encoding, length, device)
+        built.append((encoding, weakref.ref(model)))
+        return model
+
+    monkeypatch.setattr(bench, "build_model", build_model)
+    cfg = BenchConfig(encodings=["tape", "alibi"], **TINY)
+    cells = [bench.Cell(e, 16, 2) for e in cfg.encodings]
+    done = 0
+    for cell in cells:
+        done = bench._time_alone(cfg, cell, torch.device("cpu"), "fp32", lambda k: None, done)
+    assert done == 3 * (1 + 2) and [len(c.ms_all) for c in cells] == [2, 2, 2]
+    assert [e for e, _ in built] == ["rope", "tape", "alibi"]
