@@ -261,10 +261,8 @@ def _check_train(train: dict[str, Any]) -> None:
 
 
 def _check_encoding(encoding_cls: Any, options: dict[str, Any]) -> None:
-    """Types and valid ranges of the encoding's options, before any run directory exists."""
-    from posbench.encodings.options import resolve_options
-
-    resolve_options(encoding_cls.name, encoding_cls.defaults, options, encoding_cls.limits)
+    """Types, valid ranges and constraints of the encoding's options, before any run directory exists."""
+    encoding_cls.resolve(options)
 
 
 def _check_model(model: dict[str, Any]) -> None:

@@ -50,3 +50,13 @@ def test_the_cli_refuses_an_out_of_range_option_before_writing_anything(encoding
     assert code == 2
     assert err.strip() == f"error: {message}"
     assert not (tmp_path / "results").exists()
+
+
+def test_a_constraint_between_options_is_refused_before_writing_anything(tmp_path, capsys):
+    """T5's max_distance must exceed num_buckets / 2 (where its log buckets start): a constraint between two
+    options, checked with the ranges, so no run directory is created."""
+    code = main(["run", "-e", "t5", "-t", "arithmetic", "--preset", "tiny", "--set", "encoding.max_distance=16",
+                 "--out", str(tmp_path / "results"), "--quiet"])
+    assert code == 2
+    assert "max_distance=16 is out of range: it must be > num_buckets / 2 (32)" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()

@@ -63,7 +63,19 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         self.n_layers, self.n_heads, self.head_dim = n_layers, n_heads, head_dim
         self.d_model, self.max_seq_len = d_model, max_seq_len
-        self.options = resolve_options(self.name, self.defaults, options, self.limits)
+        self.options = self.resolve(options)
+
+    @classmethod
+    def resolve(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` over the defaults, type- and range-checked, then ``check_options``: what the encoding
+        is built with, and what ``posbench run`` checks before it writes anything."""
+        resolved = resolve_options(cls.name, cls.defaults, options, cls.limits)
+        cls.check_options(resolved)
+        return resolved
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """Constraints between options (each one's own range is in ``limits``); raise EncodingOptionError."""
 
     # ---- hooks (defaults: no positional signal, state unchanged) -------------------------------------
     def init_weights(self) -> None:

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from posbench.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
-from posbench.encodings.options import at_least
+from posbench.encodings.options import EncodingOptionError, at_least
 
 
 def causal_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
@@ -45,14 +45,16 @@ class T5Bias(PositionalEncoding):
     defaults = {"num_buckets": 64, "max_distance": 128}
     limits = {"num_buckets": at_least(2), "max_distance": at_least(2)}
 
+    @classmethod
+    def check_options(cls, options):
+        buckets, max_distance = options["num_buckets"], options["max_distance"]
+        if max_distance <= buckets // 2:
+            raise EncodingOptionError(f"encoding 't5' option max_distance={max_distance} is out of range: it must "
+                                      f"be > num_buckets / 2 ({buckets // 2}), where the log buckets start")
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         buckets, max_distance = self.options["num_buckets"], self.options["max_distance"]
-        if max_distance <= buckets // 2:
-            from posbench.encodings.options import EncodingOptionError
-
-            raise EncodingOptionError(f"encoding 't5' option max_distance={max_distance} is out of range: it must "
-                                      f"be > num_buckets / 2 ({buckets // 2}), where the log buckets start")
         self.tables = nn.ModuleList(nn.Embedding(buckets, self.n_heads) for _ in range(self.n_layers))
         self.register_buffer("distance_buckets", causal_bucket(torch.arange(max_distance + 1), buckets,
                                                                max_distance), persistent=False)

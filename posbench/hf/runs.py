@@ -85,6 +85,12 @@ class HFModelEncoding:
     defaults: dict[str, Any] = {}
     limits: dict[str, Any] = {}
 
+    @classmethod
+    def resolve(cls, options: dict[str, Any]) -> dict[str, Any]:
+        from posbench.encodings.options import resolve_options
+
+        return resolve_options(cls.name, cls.defaults, options)     # no options: any given one is refused
+
 
 def init_model_config(init: str | Path) -> dict[str, Any] | None:
     """What ``resolve_run_config`` takes from an HF ``--init``: its encoding label and its architecture."""
