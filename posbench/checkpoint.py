@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.errors import UserError
-from posbench.results import atomic_save, atomic_write_json
+from posbench.results import atomic_save, atomic_write_json, read_json
 
 FORMAT = "posbench-train-state"
 VERSION = 1
@@ -190,11 +190,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
 
 
 def read_model_config(directory: Path) -> dict[str, Any]:
-    path = Path(directory) / CONFIG
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}") from None
+    return read_json(Path(directory) / CONFIG, missing="cannot read {path}: no such file", error=CheckpointError)
 
 
 # ---- random number generator states as JSON ----------------------------------------------------------------

@@ -228,10 +228,10 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
 
 
 def read_init_model_config(init: str) -> dict[str, Any]:
-    import json
     from pathlib import Path
 
     from posbench.hf.runs import init_model_config
+    from posbench.results import read_json
 
     hf = init_model_config(init)           # an extend run or a local Llama directory (posbench.hf)
     if hf is not None:
@@ -242,10 +242,8 @@ def read_init_model_config(init: str) -> dict[str, Any]:
     path = run / "checkpoint" / "model_config.json"
     if not path.is_file():
         raise ConfigError(f"--init {init}: no checkpoint/model_config.json there (did that run finish training?)")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--init {init}: cannot read {path.name}: {exc}") from None
+    return read_json(path, missing=f"--init {init}: no {path.name}", error=ConfigError,
+                     unreadable=f"--init {init}: cannot read {path.name}: {{reason}}")
 
 
 def _check_train(train: dict[str, Any]) -> None:

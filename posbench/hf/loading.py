@@ -50,14 +50,19 @@ def local_files_only(name_or_path: str | Path) -> bool:
     return False
 
 
-def read_config_json(directory: Path) -> dict[str, Any] | None:
-    """The raw ``config.json`` of a local model directory (None when there is none or it is not a model's)."""
-    path = Path(directory) / "config.json"
+def json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when there is none (missing, unreadable, not an object)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and "model_type" in data else None
+    return data if isinstance(data, dict) else None
+
+
+def read_config_json(directory: Path) -> dict[str, Any] | None:
+    """The raw ``config.json`` of a local model directory (None when there is none or it is not a model's)."""
+    data = json_object(Path(directory) / "config.json")
+    return data if data is not None and "model_type" in data else None
 
 
 def load_config(name_or_path: str | Path):

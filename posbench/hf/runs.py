@@ -17,34 +17,26 @@ This module reads JSON only; transformers is imported when a model is built.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 from posbench.errors import ConfigError
+from posbench.hf.loading import json_object
 
 EXTEND_TASK = "extend"
 MODEL_SUBDIR = "checkpoint/model"           # inside the run's checkpoint: compare skips it
 
 
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _is_extend_run(path: Path) -> bool:
-    result = _json(path / "result.json")
+    result = json_object(path / "result.json")
     if result is not None:
         return result.get("task") == EXTEND_TASK
-    config = _json(path / "config.json")
+    config = json_object(path / "config.json")
     return bool(config) and isinstance(config.get("config"), dict) and config["config"].get("task") == EXTEND_TASK
 
 
 def _is_model_dir(path: Path) -> bool:
-    config = _json(path / "config.json")
+    config = json_object(path / "config.json")
     return config is not None and "model_type" in config
 
 
@@ -69,10 +61,10 @@ def model_dir(init: str | Path) -> Path:
 
 def label_of(directory: Path) -> str:
     """``llama+tape`` for an extended model, ``llama`` for a plain one."""
-    meta = _json(directory / "posbench_extend.json")
+    meta = json_object(directory / "posbench_extend.json")
     if meta is not None and meta.get("label"):
         return str(meta["label"])
-    config = _json(directory / "config.json") or {}
+    config = json_object(directory / "config.json") or {}
     return str(config.get("model_type", "hf"))
 
 
@@ -97,7 +89,7 @@ def init_model_config(init: str | Path) -> dict[str, Any] | None:
     if not is_hf_init(init):
         return None
     directory = model_dir(init)
-    raw = _json(directory / "config.json")
+    raw = json_object(directory / "config.json")
     if raw is None or "model_type" not in raw:
         raise ConfigError(f"--init {init}: {directory} holds no Hugging Face config.json")
     heads = int(raw.get("num_attention_heads", 1))

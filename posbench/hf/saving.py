@@ -18,7 +18,6 @@ A directory without ``posbench_extend.json`` is loaded as a plain Llama.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -29,7 +28,7 @@ import torch
 from posbench.hf.loading import HFModelError, describe, load_llama
 from posbench.hf.methods import Method, make_method
 from posbench.hf.rope import llama_of
-from posbench.results import atomic_write_json
+from posbench.results import atomic_write_json, read_json
 
 META_FILE = "posbench_extend.json"
 FORMAT = 1
@@ -60,10 +59,7 @@ def read_meta(directory: Path) -> dict[str, Any] | None:
     path = Path(directory) / META_FILE
     if not path.is_file():
         return None
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise HFModelError(f"cannot read {path}: {exc}") from None
+    meta = read_json(path, missing="cannot read {path}: no such file", error=HFModelError)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or "method" not in meta:
         raise HFModelError(f"{path} is not a posbench extended-model description (format {FORMAT})")
     return meta
