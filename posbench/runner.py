@@ -36,7 +36,6 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
             callbacks: tuple = (), command: list[str] | None = None, run_dir: Path | None = None,
             resume: bool = False) -> RunOutcome:
     """Run one (task, encoding) end to end and write ``<out_root>/<task>/<encoding>/<run-id>/``."""
-    from posbench.model import ModelConfig, Transformer
     from posbench.tasks import TASKS
 
     from posbench.progress import NullReporter
@@ -59,31 +58,13 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
                                                   "command": command or sys.argv})
     seeds = engine.seed_everything(config.seed)
 
-    init_info = None
     from posbench.hf.runs import build_init_model
 
     hf_init = build_init_model(config, task, device)     # (model, init record) for a Hugging Face --init, else None
     if hf_init is not None:
         model, init_info = hf_init
-    elif config.init is not None:
-        from posbench.config import read_init_model_config
-
-        model_dict = task.init_model_config(read_init_model_config(config.init))
-        model_dict.update({k: v for k, v in config.model.items() if k in model_dict})
-        model_dict["encoding_options"] = dict(config.encoding_options)
-        model_cfg = ModelConfig(**model_dict)
-        if model_cfg.vocab_size != task.vocab_size():
-            raise ConfigError(f"--init run {config.init} has vocabulary {model_cfg.vocab_size}, task "
-                              f"'{config.task}' needs {task.vocab_size()}")
     else:
-        model_cfg = task.model_config()
-    if hf_init is None:
-        model = Transformer(model_cfg)
-    if config.init is not None and hf_init is None:
-        weights = Path(config.init) / CHECKPOINT_DIR / "model.safetensors"
-        if not resume:
-            engine.load_weights(model, weights)
-        init_info = {"run": str(config.init), "checkpoint_sha256": sha256_file(weights) if weights.is_file() else None}
+        model, init_info = _posbench_model(config, task, resume)
 
     stream = task.train_stream() if train_cfg.steps > 0 else None
     checkpoint_dir = run_dir / CHECKPOINT_DIR
@@ -134,6 +115,29 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
     }
     atomic_write_json(run_dir / RESULT_FILE, result)
     return RunOutcome(run_dir, result)
+
+
+def _posbench_model(config: RunConfig, task: Any, resume: bool) -> tuple[Any, dict[str, Any] | None]:
+    """The run's ``Transformer``: from the task's config, or from an ``--init`` run (its architecture, then its
+    weights unless resuming, which loads the run's own checkpoint); and the init record for the result."""
+    from posbench.model import ModelConfig, Transformer
+
+    if config.init is None:
+        return Transformer(task.model_config()), None
+    from posbench.config import read_init_model_config
+
+    model_dict = task.init_model_config(read_init_model_config(config.init))
+    model_dict.update({k: v for k, v in config.model.items() if k in model_dict})
+    model_dict["encoding_options"] = dict(config.encoding_options)
+    model_cfg = ModelConfig(**model_dict)
+    if model_cfg.vocab_size != task.vocab_size():
+        raise ConfigError(f"--init run {config.init} has vocabulary {model_cfg.vocab_size}, task "
+                          f"'{config.task}' needs {task.vocab_size()}")
+    model = Transformer(model_cfg)
+    weights = Path(config.init) / CHECKPOINT_DIR / "model.safetensors"
+    if not resume:
+        engine.load_weights(model, weights)
+    return model, {"run": str(config.init), "checkpoint_sha256": sha256_file(weights) if weights.is_file() else None}
 
 
 def resume(run_dir: Path | str, *, device: str | None = None, reporter: Any = None, callbacks: tuple = ()
