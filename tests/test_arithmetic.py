@@ -11,7 +11,7 @@ from posbench.engine import IGNORE_INDEX
 from posbench.progress import NullReporter
 from posbench.tasks import TASKS
 from posbench.tasks.arithmetic import (AdditionStream, bucket_pairs, cell_stderr, encode_examples, exact_match,
-                                       format_example, random_operand, sequence_length, summarise)
+                                       format_example, random_operand, score_answers, sequence_length, summarise)
 
 TOK = CharTokenizer()
 
@@ -142,6 +142,22 @@ def test_exact_match_scorer_on_known_predictions():
     assert not exact_match(TOK.encode("2011", eos=True), target)  # one digit too many
     assert not exact_match(TOK.encode("211", eos=True), target)   # one digit wrong
     assert not exact_match([EOS], target)
+
+
+def test_vectorised_scorer_agrees_with_exact_match_on_known_predictions():
+    """score_answers (what evaluation runs: every row of a decoded batch at once) on the cases above, each
+    prediction padded with '7's to the decoding width, as exact_match scores them."""
+    import numpy as np
+
+    target = TOK.encode("201", eos=True)
+    cases = [TOK.encode("201", eos=True), TOK.encode("201", eos=True) + [EOS, EOS],
+             TOK.encode("201", eos=True) + TOK.encode("77"), TOK.encode("2015"), TOK.encode("20", eos=True),
+             TOK.encode("2011", eos=True), TOK.encode("211", eos=True), [EOS]]
+    width = 8
+    rows = np.array([c + TOK.encode("7") * (width - len(c)) for c in cases])
+    expected = [exact_match(list(row), target) for row in rows]
+    assert expected == [True, True, True, False, False, False, False, False]
+    assert score_answers(["201"] * len(cases), rows).tolist() == expected
 
 
 def test_summary_averages_and_stderr():
