@@ -357,13 +357,11 @@ def total_steps(cfg: BenchConfig) -> int:
 def run_bench(cfg: BenchConfig, out_root, *, reporter: Any = None, command: list[str] | None = None
               ) -> tuple[Any, dict[str, Any]]:
     """Measure, then write ``<out_root>/bench/<mode>/<run-id>/result.json``; returns (run dir, result)."""
-    import sys
     from pathlib import Path
 
     from posbench.engine import pick_device, resolve_precision, setup_device
     from posbench.progress import NullReporter
-    from posbench.results import (RESULT_FILE, SCHEMA_VERSION, atomic_write_json, environment_info, new_run_dir,
-                                  now_iso, posbench_info)
+    from posbench.results import RESULT_FILE, atomic_write_json, new_run_dir, now_iso, result_header
 
     from posbench.encodings import ENCODINGS
 
@@ -382,16 +380,14 @@ def run_bench(cfg: BenchConfig, out_root, *, reporter: Any = None, command: list
     finally:
         bar.close()
     run_dir = new_run_dir(Path(out_root), "bench", cfg.mode)
-    environment = environment_info(device, precision)
+    header = result_header(run_dir, "bench", ",".join(cfg.encodings), cfg.size, created=created, command=command,
+                           device=device, precision=precision)
     result = {
-        "schema_version": SCHEMA_VERSION, "run_id": run_dir.name, "task": "bench",
-        "encoding": ",".join(cfg.encodings), "preset": cfg.size, "status": "complete",
-        "created": created, "finished": now_iso(), "command": command or sys.argv,
-        "posbench": posbench_info(), "environment": environment,
+        **header,
         "config": {**cfg.to_dict(), "device": str(device), "precision": precision,
                    "model": dict(SIZES[cfg.size]["model"])},
         "metrics": {},
-        "bench": {"device_name": environment["device_name"], "peak_tflops": peak, "peak_source": peak_source,
+        "bench": {"device_name": header["environment"]["device_name"], "peak_tflops": peak, "peak_source": peak_source,
                   "timer": "cuda events" if device.type == "cuda" else "perf_counter",
                   "unit": "ms/token" if cfg.mode == "decode" else "ms/step",
                   "flops": "6 N + 12 layers width length per trained token (a third for forward); N excludes "

@@ -358,5 +358,21 @@ def read_json(path: Path | str, *, missing: str, unreadable: str = "cannot read 
         raise error(unreadable.replace("{path}", str(path)).replace("{reason}", reason)) from None
 
 
+def result_header(run_dir: Path, task: str, encoding: str, preset: str, *, created: str, command: list[str] | None,
+                  device: Any, precision: str, resumed: bool = False) -> dict[str, Any]:
+    """The fields every ``result.json`` opens with (schema, identity, provenance). A resumed run keeps the
+    creation time and command its ``config.json`` recorded when it started."""
+    prior = read_run_config(run_dir) if resumed else {}
+    command = prior.get("command", command or sys.argv)
+    return {"schema_version": SCHEMA_VERSION, "run_id": Path(run_dir).name, "task": task, "encoding": encoding,
+            "preset": preset, "status": "complete", "created": prior.get("created", created), "finished": now_iso(),
+            "command": command, "posbench": posbench_info(), "environment": environment_info(device, precision)}
+
+
+def result_timings(train_s: float, eval_s: float, started: float, tokens_per_s: float) -> dict[str, float]:
+    return {"train_s": round(train_s, 3), "eval_s": round(eval_s, 3),
+            "total_s": round(time.perf_counter() - started, 3), "tokens_per_s": round(tokens_per_s, 1)}
+
+
 def elapsed(start: float) -> float:
     return round(time.perf_counter() - start, 3)

@@ -20,9 +20,9 @@ import torch
 
 from posbench import distributed, engine
 from posbench.config import ConfigError, RunConfig
-from posbench.results import (CHECKPOINT_DIR, CONFIG_FILE, PREDICTIONS_FILE, RESULT_FILE, SCHEMA_VERSION,
-                              ResultError, atomic_write_json, environment_info, new_run_dir, now_iso,
-                              posbench_info, read_run_config, sha256_file, write_predictions)
+from posbench.results import (CHECKPOINT_DIR, CONFIG_FILE, PREDICTIONS_FILE, RESULT_FILE, ResultError,
+                              atomic_write_json, new_run_dir, now_iso, read_run_config, result_header,
+                              result_timings, sha256_file, write_predictions)
 
 
 @dataclass
@@ -82,19 +82,9 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
     eval_s = time.perf_counter() - eval_start
 
     weights = checkpoint_dir / "model.safetensors"
-    prior = read_run_config(run_dir) if resume else {"created": created, "command": command or sys.argv}
     result = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": run_dir.name,
-        "task": config.task,
-        "encoding": config.encoding,
-        "preset": config.preset,
-        "status": "complete",
-        "created": prior.get("created", created),
-        "finished": now_iso(),
-        "command": prior.get("command", command or sys.argv),
-        "posbench": posbench_info(),
-        "environment": environment_info(device, precision),
+        **result_header(run_dir, config.task, config.encoding, config.preset, created=created, command=command,
+                        device=device, precision=precision, resumed=resume),
         "seeds": {**seeds, **task.seeds()},
         "config": {**config.to_dict(), "model_config": model.config.to_dict()},
         "model": {"parameters": model.num_parameters(),
@@ -103,9 +93,7 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
         "init": init_info,
         "data": task.data_info(),
         "training": train_result.to_dict(),
-        "timings": {"train_s": round(train_result.train_s, 3), "eval_s": round(eval_s, 3),
-                    "total_s": round(time.perf_counter() - started, 3),
-                    "tokens_per_s": round(train_result.tokens_per_s, 1)},
+        "timings": result_timings(train_result.train_s, eval_s, started, train_result.tokens_per_s),
         "metrics": {name: metric.to_dict() for name, metric in evaluation.metrics.items()},
         "primary_metric": evaluation.primary,
         "grids": {name: grid.to_dict() for name, grid in evaluation.grids.items()},

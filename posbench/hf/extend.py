@@ -35,9 +35,8 @@ from posbench.hf.loading import HFModelError, default_dtype, describe, load_conf
 from posbench.hf.methods import Method, make_method, trainable_count
 from posbench.hf.rope import llama_of, set_rope
 from posbench.hf.runs import EXTEND_TASK, MODEL_SUBDIR
-from posbench.results import (CHECKPOINT_DIR, CONFIG_FILE, RESULT_FILE, SCHEMA_VERSION, Metric, ResultError,
-                              atomic_write_json, environment_info, new_run_dir, now_iso, posbench_info,
-                              read_run_config)
+from posbench.results import (CHECKPOINT_DIR, CONFIG_FILE, RESULT_FILE, Metric, ResultError, atomic_write_json,
+                              new_run_dir, now_iso, read_run_config, result_header, result_timings)
 
 SECTIONS = ("train", "method", "data")
 TRAIN_EXTRA = {"checkpointing": False}
@@ -265,14 +264,11 @@ def run_extend(cfg: ExtendConfig, out_root: Path | str = "results", *, reporter:
             "original_rope_parameters": dict(prep.base.rope_parameters), "run_id": run_dir.name}
     save_extended(adapter.hf, method, model_dir, meta, tokenizer)
 
-    prior = read_run_config(run_dir) if resume else {"created": created, "command": command or sys.argv}
     llama_after = llama_of(adapter.hf).config
     result = {
-        "schema_version": SCHEMA_VERSION, "run_id": run_dir.name, "task": EXTEND_TASK, "encoding": prep.label,
+        **result_header(run_dir, EXTEND_TASK, prep.label, cfg.preset, created=created, command=command,
+                        device=device, precision=precision, resumed=resume),
         "label": prep.label,
-        "preset": cfg.preset, "status": "complete", "created": prior.get("created", created),
-        "finished": now_iso(), "command": prior.get("command", command or sys.argv),
-        "posbench": posbench_info(), "environment": environment_info(device, precision),
         "seeds": {**seeds, "data": cfg.seed},
         "config": run_config_view(cfg, prep, hf_config),
         "model": {"parameters": adapter.num_parameters(), "base_parameters": base_parameters,
@@ -290,9 +286,7 @@ def run_extend(cfg: ExtendConfig, out_root: Path | str = "results", *, reporter:
                  "hash": train_tokens.sha256,
                  "documents": "concatenated, each followed by EOS, cut into non-overlapping chunks of --length"},
         "training": train_result.to_dict(),
-        "timings": {"train_s": round(train_result.train_s, 3), "eval_s": round(eval_s, 3),
-                    "total_s": round(time.perf_counter() - started, 3),
-                    "tokens_per_s": round(train_result.tokens_per_s, 1)},
+        "timings": result_timings(train_result.train_s, eval_s, started, train_result.tokens_per_s),
         "metrics": {name: metric.to_dict() for name, metric in metrics.items()},
         "primary_metric": "val_ppl" if "val_ppl" in metrics else ("train_loss" if metrics else None),
         "grids": {},

@@ -19,7 +19,7 @@ from posbench.data.sources import WHAT_TO_PASS, hub_offline, open_source
 from posbench.data.tokenizer import Tokenizer, build_tokenizer, parse_bpe_spec, tokenizer_from_spec
 from posbench.engine import IGNORE_INDEX, Batch
 from posbench.results import RESULT_FILE, read_json
-from posbench.tasks.base import IndexedStream, SeededStream, Task
+from posbench.tasks.base import IndexedStream, Task
 
 BPE_TRAIN_CHARS = 2_000_000
 

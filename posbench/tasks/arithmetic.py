@@ -347,20 +347,20 @@ class Arithmetic(Task):
         texts = [[format_example(a, b) for _, a, b in batch] for batch in batches]
         total = sum(len(batch) for batch in batches)
         bar = reporter.task("eval", total=total, unit="example") if reporter else None
-        done = [0]
+
+        def new_tokens(index: int) -> int:
+            return max(max(cell) for cell, _, _ in batches[index]) + 2    # the longest answer, EOS and one more
 
         def decode(index: int) -> np.ndarray:
-            batch = batches[index]
-            max_new = max(max(cell) for cell, _, _ in batch) + 2      # the longest answer, EOS and one more
             prompt = encode_equal_length([p for p, _ in texts[index]]).to(device)
-            out = model.generate(prompt, max_new_tokens=max_new, eos_id=EOS)
+            out = model.generate(prompt, max_new_tokens=new_tokens(index), eos_id=EOS)
             return out.to("cpu", torch.int8).numpy()               # ids < 128: a small gather
 
         def progress(n_batches: int) -> None:
             if bar:
                 bar.update(min(total, round(total * n_batches / max(len(batches), 1))))
         outputs = distributed.shard_map(decode, range(len(batches)),
-                                        cost=lambda i: len(batches[i]) * (max(max(c) for c, _, _ in batches[i]) + 2),
+                                        cost=lambda i: len(batches[i]) * new_tokens(i),
                                         on_done=progress)
         if bar:
             bar.close()
