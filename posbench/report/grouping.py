@@ -33,9 +33,14 @@ def forget() -> None:
     _init_cache.clear()
 
 
+def init_of(run: dict[str, Any]) -> str | None:
+    """The run (or model directory) this run started from with ``--init``, as recorded; None if none."""
+    return (run.get("config") or {}).get("init") or (run.get("init") or {}).get("run") or None
+
+
 def init_result(run: dict[str, Any]) -> dict[str, Any] | None:
     """The result of the run this run started from (``--init``), when it is a readable posbench run."""
-    init = (run.get("config") or {}).get("init") or (run.get("init") or {}).get("run")
+    init = init_of(run)
     if not init:
         return None
     path = Path(str(init))
@@ -63,17 +68,18 @@ def settings(run: dict[str, Any]) -> dict[str, Any]:
     precision = (run.get("environment") or {}).get("precision")
     if precision is not None:
         flat["precision"] = precision
-    init = config.get("init") or (run.get("init") or {}).get("run")
+    init = init_of(run)
     if init:
         parent = init_result(run)
         flat["init"] = f"{parent.get('task')} run {fingerprint(parent)}" if parent else str(init)
     return flat
 
 
-def fingerprint(run: dict[str, Any]) -> str:
-    """A short hash of a run's settings without its encoding and seed: the runs that one pretraining recipe
-    made for several encodings share it (their encodings set them apart already)."""
-    flat = {k: v for k, v in settings(run).items() if not k.startswith("encoding.")}
+def fingerprint(run: dict[str, Any], *, with_init: bool = True) -> str:
+    """A short hash of a run's settings without its encoding and seed (and without its ``--init`` run when
+    ``with_init`` is false): the runs that one pretraining recipe made for several encodings share it (their
+    encodings set them apart already)."""
+    flat = {k: v for k, v in settings(run).items() if not k.startswith("encoding.") and (with_init or k != "init")}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 

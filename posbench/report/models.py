@@ -13,8 +13,6 @@ settings for one model are averaged.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,7 @@ def _where(path: Any) -> str:
 
 def model_of(run: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     """(the model's identity, the model's own run when readable)."""
-    init = (run.get("init") or {}).get("run") or (run.get("config") or {}).get("init")
+    init = grouping.init_of(run)
     if not init:
         return _where(run["_path"]), run
     return _where(init), grouping.init_result(run)
@@ -43,38 +41,29 @@ def model_label(model_run: dict[str, Any] | None, identity: str, evaluations: li
     return str(model_run.get("label") or model_run.get("encoding"))
 
 
-def _evaluates_another(run: dict[str, Any]) -> bool:
-    return bool((run.get("init") or {}).get("run") or (run.get("config") or {}).get("init"))
-
-
 def _task_variants(runs: list[dict[str, Any]]) -> dict[str, list[str]]:
     """task -> its distinct settings fingerprints (without encoding and init), in first-seen order."""
     out: dict[str, list[str]] = {}
     for run in runs:
         fps = out.setdefault(str(run["task"]), [])
-        fp = _task_fingerprint(run)
+        fp = grouping.fingerprint(run, with_init=False)
         if fp not in fps:
             fps.append(fp)
     return out
-
-
-def _task_fingerprint(run: dict[str, Any]) -> str:
-    flat = {k: v for k, v in grouping.settings(run).items() if not k.startswith("encoding.") and k != "init"}
-    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
 def models_table(runs: list[dict[str, Any]]) -> TaskTable:
     from posbench.report.bench import is_bench
 
     runs = [r for r in runs if not is_bench(r)]
-    variants = _task_variants([r for r in runs if _evaluates_another(r)])
+    variants = _task_variants([r for r in runs if grouping.init_of(r)])
     models: dict[str, dict[str, Any]] = {}
     for run in runs:
         identity, own = model_of(run)
         entry = models.setdefault(identity, {"run": own, "by_column": {}})
         entry["run"] = entry["run"] or own
-        fps = variants.get(str(run["task"]), []) if _evaluates_another(run) else []
-        prefix = str(run["task"]) + (f"#{fps.index(_task_fingerprint(run)) + 1}" if len(fps) > 1 else "")
+        fps = variants.get(str(run["task"]), []) if grouping.init_of(run) else []
+        prefix = str(run["task"]) + (f"#{fps.index(grouping.fingerprint(run, with_init=False)) + 1}" if len(fps) > 1 else "")
         entry["by_column"].setdefault(prefix, []).append(run)
     # tasks whose runs are themselves models (pretrain) first, then the others by name
     own_tasks = {str(m["run"].get("task")) for m in models.values() if m["run"] is not None}
@@ -110,8 +99,8 @@ def models_table(runs: list[dict[str, Any]]) -> TaskTable:
              "of one task are averaged"]
     for task, fps in variants.items():
         if len(fps) > 1:
-            task_runs = [[r for r in runs if str(r["task"]) == task and _evaluates_another(r)
-                          and _task_fingerprint(r) == fp][:1] for fp in fps]
+            task_runs = [[r for r in runs if str(r["task"]) == task and grouping.init_of(r)
+                          and grouping.fingerprint(r, with_init=False) == fp][:1] for fp in fps]
             apart, _ = grouping.distinguishing(task_runs)
             for i, a in enumerate(apart):
                 shown = [f"{k}={grouping.show(v)}" for k, v in a.items()
