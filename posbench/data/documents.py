@@ -38,6 +38,8 @@ class _FileCursor:
         kwargs: dict[str, Any] = {"sample_by": "document"} if self.builder == "text" else {}
         try:
             ds = datasets.load_dataset(self.builder, data_files=[self.url], split="train", streaming=True, **kwargs)
+        except StopIteration:                  # an empty file: the json builder finds no first table
+            return iter(())
         except Exception as exc:   # noqa: BLE001 - unreadable file or hub failure: one line
             raise read_error(exc, self.label) from None
         field = "text" if self.builder == "text" else self.field
