@@ -129,3 +129,25 @@ def write_c4(root: Path, train_files: int, docs_per_file: int, validation_docs: 
     _jsonl_gz(base / "c4-validation.00000-of-00008.json.gz",
               [{"text": d, "timestamp": "2019-04-25T12:57:54Z", "url": f"https://v.x/{j}"} for j, d in enumerate(docs)])
     return base
+
+
+def write_scrolls_zip(path: Path, dataset: str, rows: int, doc_bytes: int, validation_rows: int = 60) -> Path:
+    """The hub's archive layout ``<dataset>.zip`` holding ``<dataset>/train.jsonl`` (``rows`` rows of about
+    ``doc_bytes`` characters each: very compressible text, so a multi-GB member makes a small zip) and
+    ``<dataset>/validation.jsonl``; returns the zip's path."""
+    import zipfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sentence = "The keeper of the lighthouse wrote down every ship that passed in the night. "
+    body = sentence * (doc_bytes // len(sentence) + 1)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        for split, n in (("train", rows), ("validation", validation_rows)):
+            with z.open(f"{dataset}/{split}.jsonl", "w", force_zip64=True) as f:
+                for i in range(n):
+                    doc = f"Document {split} {i}. " + body[: doc_bytes]
+                    for k in range(2 if i % 7 == 0 else 1):            # some ids have two references
+                        row = {"id": f"{split}-{i}", "pid": f"{split}-{i}_{k}",
+                               "input": f"Who kept the lighthouse in story {i}?\n\n{doc}", "output": f"keeper {k}"}
+                        f.write((json.dumps(row) + "\n").encode())
+    return path

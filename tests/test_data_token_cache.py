@@ -214,3 +214,38 @@ def test_examples_read_while_the_cache_grows_equal_those_of_the_complete_cache(t
     r1 = CachedChunkStream(7, CachedChunks(done, length, block_tokens=block))
     r1.skip(16)
     assert torch.equal(torch.cat([r0.next_batch(16).tokens, r1.next_batch(16).tokens]), grown[:32])
+
+
+def test_resume_through_the_runner_is_exact_on_the_cached_path(tmp_path, monkeypatch):
+    """pretrain on a local corpus through the token cache (forced: the in-memory limit set to 0, blocks of 20
+    windows): a run killed at step 3 and resumed from its step-2 checkpoint -- with its token cache deleted,
+    so tokenising starts over -- ends with the weights of an uninterrupted run."""
+    from posbench import runner
+    from posbench.config import resolve_run_config
+    from posbench.data import chunks, lm
+    from posbench.engine import StopTraining
+
+    monkeypatch.setattr(lm, "IN_MEMORY_MAX_TOKENS", 0)
+    monkeypatch.setattr(chunks, "BLOCK_TOKENS", 64 * 20)
+    corpus = _corpus(tmp_path, n_files=2, docs=40, mean_words=150)
+    sets = ["steps=6", "checkpoint_every=2", "task.eval_tokens=2048"]
+    cfg = lambda: resolve_run_config("pretrain", "rope", "tiny", sets=sets, task_flags={"data": str(corpus)})
+    whole = runner.execute(cfg(), tmp_path / "a").result
+    assert whole["data"]["train"]["cache"] and whole["data"]["train"]["complete"]
+
+    def kill(step, model, loss):
+        if step == 3:
+            raise StopTraining
+
+    token_cache._OPEN.clear()
+    with pytest.raises(StopTraining):
+        runner.execute(cfg(), tmp_path / "b", callbacks=(kill,))
+    import shutil
+
+    shutil.rmtree(os.environ["POSBENCH_CACHE"])
+    token_cache._OPEN.clear()
+    killed = next((tmp_path / "b" / "pretrain" / "rope").iterdir())
+    resumed = runner.resume(killed).result
+    assert resumed["training"]["resumed_from"] == [2]
+    assert resumed["model"]["checkpoint_sha256"] == whole["model"]["checkpoint_sha256"]
+    assert resumed["metrics"]["val_ppl"]["value"] == whole["metrics"]["val_ppl"]["value"]

@@ -30,9 +30,9 @@ BLOCK_TOKENS = 1 << 22
 class BlockOrder:
     """Example index -> window index, block-local permutations (see the module docstring)."""
 
-    def __init__(self, length: int, block_tokens: int = BLOCK_TOKENS):
+    def __init__(self, length: int, block_tokens: int | None = None):
         self.length = int(length)
-        self.block = max(1, int(block_tokens) // self.length)
+        self.block = max(1, int(block_tokens or BLOCK_TOKENS) // self.length)
         self._perms: OrderedDict[tuple[int, int, int, int], np.ndarray] = OrderedDict()
 
     def needed_tokens(self, g: int) -> int:
@@ -64,7 +64,7 @@ class BlockOrder:
 class CachedChunks:
     """Windows of ``length + 1`` tokens (inputs and next-token targets) from a token cache, block-local order."""
 
-    def __init__(self, cache, length: int, block_tokens: int = BLOCK_TOKENS):
+    def __init__(self, cache, length: int, block_tokens: int | None = None):
         self.cache, self.length = cache, int(length)
         self.order = BlockOrder(length, block_tokens)
 

@@ -82,9 +82,9 @@ def kind_of(exc: BaseException) -> str | None:
             return "missing"
         if "is not a valid git identifier" in text or ("revision" in text and "doesn't exist" in text):
             return "revision"
-        if isinstance(e, ConnectionError) or "couldn't reach" in text or "couldn't connect" in text \
-                or type(e).__module__.split(".")[0] in ("httpx", "httpx2", "requests", "urllib3") \
-                and ("connect" in name.lower() or "timeout" in name.lower()):
+        network_library = type(e).__module__.split(".")[0] in ("httpx", "httpx2", "requests", "urllib3")
+        if (isinstance(e, ConnectionError) or "couldn't reach" in text or "couldn't connect" in text
+                or (network_library and ("connect" in name.lower() or "timeout" in name.lower()))):
             return "offline"
     return None
 
