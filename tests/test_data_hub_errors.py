@@ -56,6 +56,10 @@ def test_the_kinds_from_types_and_from_the_wrappers_words():
     assert kind_of(DatasetNotFoundError("Dataset 'a/b' doesn't exist on the Hub or cannot be accessed.")) == "missing"
     assert kind_of(RuntimeError("Dataset scripts are no longer supported, but found pg19.py")) == "script"
     assert kind_of(ConnectionError("Couldn't reach 'a/b' on the Hub (LocalEntryNotFoundError)")) == "offline"
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    assert kind_of(wrapped(LocalEntryNotFoundError("not cached, offline"), "We couldn't connect to the hub")) == "offline"
+    assert explain(LocalEntryNotFoundError("x"), "a/b", offline=None) is None        # the caller's own wording
     assert kind_of(ValueError("something else")) is None
     text = explain(gated(), "meta-llama/Llama-2-7b-hf", repo_type="model")
     assert "gated model" in text and "https://huggingface.co/meta-llama/Llama-2-7b-hf" in text

@@ -82,10 +82,11 @@ class _FileCursor:
 
 def read_error(exc: BaseException, label: str) -> DataError:
     from posbench.data.hub_errors import explain
+    from posbench.data.sources import WHAT_TO_PASS
 
     if label.startswith("hf://"):
         repo = "/".join(label[len("hf://"):].split("/")[1:3])
-        message = explain(exc, repo)
+        message = explain(exc, repo, offline=WHAT_TO_PASS)
         if message:
             return DataError(message)
     first = str(exc).splitlines()[0] if str(exc) else ""

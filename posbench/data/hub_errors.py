@@ -65,10 +65,10 @@ def kind_of(exc: BaseException) -> str | None:
             return "revision"
         if isa(e, "DisabledRepoError") or isa(e, "RepositoryNotFoundError"):
             return "missing"
+        if isa(e, "OfflineModeIsEnabled") or isa(e, "LocalEntryNotFoundError"):   # a subclass of the next
+            return "offline"
         if isa(e, "EntryNotFoundError") or isa(e, "RemoteEntryNotFoundError"):
             return "file"
-        if isa(e, "OfflineModeIsEnabled") or isa(e, "LocalEntryNotFoundError"):
-            return "offline"
     for e in chain:                                  # then the wrappers' wording
         text = str(e).lower()
         name = type(e).__name__
@@ -89,10 +89,11 @@ def kind_of(exc: BaseException) -> str | None:
     return None
 
 
-def explain(exc: BaseException, name: str, *, repo_type: str = "dataset") -> str | None:
-    """One line for a hub failure of ``name`` (a ``repo_type`` ``dataset`` or ``model``), or None."""
+def explain(exc: BaseException, name: str, *, repo_type: str = "dataset", offline: str | None = "") -> str | None:
+    """One line for a hub failure of ``name`` (a ``repo_type`` ``dataset`` or ``model``), or None. ``offline``:
+    what to do without a network (``None``: leave an offline failure to the caller's own wording)."""
     kind = kind_of(exc)
-    if kind is None:
+    if kind is None or (kind == "offline" and offline is None):
         return None
     what = "data set" if repo_type == "dataset" else "model"
     repo = name.split(":")[0]
@@ -108,7 +109,7 @@ def explain(exc: BaseException, name: str, *, repo_type: str = "dataset") -> str
     if kind == "file":
         return f"a file that '{name}' needs is not in its hub repository: check the name and the revision at {page}"
     if kind == "offline":
-        return (f"cannot reach the Hugging Face hub for '{name}' (offline or no network): connect, or pass a "
-                f"local copy")
+        return (f"cannot reach the Hugging Face hub for '{name}' (offline or no network): "
+                f"{offline or 'connect, or pass a local copy'}")
     return (f"'{name}' is a {what} script repository, which datasets 4 and later no longer run: use a copy with "
             f"data files (parquet or json) on the hub or pass local files")

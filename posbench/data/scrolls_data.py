@@ -227,7 +227,7 @@ def _rows(where: ScrollsData, dataset: str, split: str):
         from posbench.data.hub_errors import explain
 
         if where.kind == "hub":
-            message = explain(exc, HUB_NAME)
+            message = explain(exc, HUB_NAME, offline=WHAT_TO_PASS)
             if message:
                 raise DataError(message) from None
         first = str(exc).splitlines()[0] if str(exc) else ""

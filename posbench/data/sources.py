@@ -229,7 +229,7 @@ class TextSource:
         from posbench.data.hub_errors import explain
 
         name = self.hub.name if self.hub is not None else str(self.hub_name)
-        message = explain(exc, name)
+        message = explain(exc, name, offline=WHAT_TO_PASS)
         if message:
             return DataError(message)
         first = str(exc).splitlines()[0] if str(exc) else ""

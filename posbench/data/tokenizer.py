@@ -194,7 +194,7 @@ class HFTokenizer(Tokenizer):
         except Exception as exc:   # noqa: BLE001 - offline, unknown name, bad files: one line
             from posbench.data.hub_errors import explain
 
-            message = None if path.exists() else explain(exc, name_or_path, repo_type="model")
+            message = None if path.exists() else explain(exc, name_or_path, repo_type="model", offline=None)
             if message:                              # gated / not found keep their meaning
                 raise DataError(f"cannot load tokenizer '{name_or_path}': {message}") from None
             where = "offline and not in the local cache" if hub_offline() else f"{type(exc).__name__}"

@@ -44,7 +44,7 @@ def hub_failure(exc: BaseException, name: str) -> str | None:
     """One line for a hub failure of the model ``name`` (gated, missing, offline...), or None."""
     from posbench.data.hub_errors import explain
 
-    return explain(exc, name, repo_type="model")
+    return explain(exc, name, repo_type="model", offline=LOCAL_HINT)
 
 
 def is_local(name_or_path: str | Path) -> bool:
