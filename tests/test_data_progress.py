@@ -7,7 +7,7 @@ import json
 import pytest
 from rich.console import Console
 
-from posbench.data import progress, token_cache
+from posbench.data import producer, progress, token_cache
 from posbench.data.progress import DataBar, library_progress
 from posbench.data.sources import open_source
 from posbench.data.tokenizer import ByteTokenizer
@@ -62,7 +62,7 @@ def test_a_data_bar_prints_throughput_and_eta_off_a_terminal():
 def test_tokenising_shows_its_progress_unless_quiet(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("POSBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(token_cache, "_OPEN", {})
-    monkeypatch.setattr(token_cache, "BATCH_CHARS", 20_000)
+    monkeypatch.setattr(producer, "BATCH_CHARS", 20_000)
     monkeypatch.setattr(progress, "QUIET_BELOW", 0.0)
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i} " * 300}) + "\n" for i in range(200)))

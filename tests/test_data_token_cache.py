@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from data_standins import documents
-from posbench.data import token_cache
+from posbench.data import producer, token_cache
 from posbench.data.chunks import BlockOrder, CachedChunks
 from posbench.data.lm import corpus_tokens, token_stream, uses_token_cache
 from posbench.data.sources import open_source
@@ -95,7 +95,8 @@ PRODUCER = textwrap.dedent("""
     from posbench.data import token_cache
     from posbench.data.sources import open_source
     from posbench.data.tokenizer import ByteTokenizer
-    token_cache.BATCH_CHARS = 3000
+    from posbench.data import producer
+    producer.BATCH_CHARS = 3000
     cache = token_cache.open_cache(open_source({corpus!r}), "train", ByteTokenizer(), None)
     cache.wait_complete()
     print("DONE", cache.total, flush=True)
@@ -180,7 +181,7 @@ def test_block_order_is_a_permutation_per_block_and_epoch():
 def test_examples_read_while_the_cache_grows_equal_those_of_the_complete_cache(tmp_path, monkeypatch):
     from posbench.tasks._lm_common import CachedChunkStream
 
-    monkeypatch.setattr(token_cache, "BATCH_CHARS", 3000)
+    monkeypatch.setattr(producer, "BATCH_CHARS", 3000)
     src = open_source(str(_corpus(tmp_path, n_files=4, docs=150, mean_words=200)))
     length, block = 64, 64 * 50
     cache = token_cache.open_cache(src, "train", ByteTokenizer(), None)

@@ -25,10 +25,10 @@ directory to rebuild it.
 The content hash is a chain over the documents used, ``h_0 = 0^32``, ``h_i = SHA-256(h_{i-1} ||
 SHA-256(utf8(doc_i)))`` (hex of the last), which a resumed producer continues exactly.
 
-Tokenising runs in parallel: one thread reads documents (``datasets`` decompresses and parses in C) while the
-producer encodes batches of documents with the tokenizer's batch encoder (``tokenizers`` releases the GIL and
-encodes the batch on every core). Progress (tokens, throughput, ETA) is shown by a
-:class:`posbench.data.progress.DataBar`.
+Tokenising runs in parallel (:mod:`posbench.data.producer`): one thread reads documents (``datasets``
+decompresses and parses in C) while the producer encodes batches of documents with the tokenizer's batch
+encoder (``tokenizers`` releases the GIL and encodes the batch on every core). Progress (tokens, throughput,
+ETA) is shown by a :class:`posbench.data.progress.DataBar`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import fcntl
 import hashlib
 import json
 import os
-import queue
 import threading
 import time
 from pathlib import Path
@@ -48,8 +47,6 @@ import numpy as np
 from posbench.data.errors import DataError
 
 FORMAT = 1
-BATCH_CHARS = 4 << 20          # characters of text per tokenizer batch
-BATCH_DOCS = 4096
 POLL_SECONDS = 0.25            # how often a consumer in another process looks at progress.json
 _OPEN: dict[str, TokenCache] = {}
 _OPEN_LOCK = threading.Lock()
@@ -132,7 +129,7 @@ class TokenCache:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._lock_fd: int | None = None
-        self._bar = None
+        self.bar = None                                 # the producer's DataBar
         self._mm: np.memmap | None = None
         self._mapped = 0
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -229,8 +226,8 @@ class TokenCache:
 
     def detach_progress(self) -> None:
         """Someone else draws on the terminal from now on (training started): plain progress lines only."""
-        if self._bar is not None:
-            self._bar.detach()
+        if self.bar is not None:
+            self.bar.detach()
 
     # ---- the producer --------------------------------------------------------------------------------------
     def start(self, source, tokenizer) -> None:
@@ -281,8 +278,8 @@ class TokenCache:
                 self._cond.notify_all()
         finally:
             self._release_lock()
-            if self._bar is not None:
-                self._bar.close()
+            if self.bar is not None:
+                self.bar.close()
 
     def _show_progress(self) -> bool:
         if self._progress is not None:
@@ -290,130 +287,24 @@ class TokenCache:
         return os.environ.get("RANK", "0") == "0"
 
     def _produce(self) -> None:
+        from posbench.data.producer import produce
         from posbench.data.progress import DataBar
 
-        state = _read_json(self.path("progress.json")) or {"tokens": 0, "documents": 0, "characters": 0,
-                                                          "sha256": "00" * 32, "reader": None}
-        itemsize = self.dtype.itemsize
-        written, docs, chars = int(state["tokens"]), int(state["documents"]), int(state["characters"])
-        chain = bytes.fromhex(state["sha256"])
-        data_path = self.path("tokens.bin")
-        with open(data_path, "ab"):
-            pass
-        os.truncate(data_path, written * itemsize)                # bytes past the last commit are not trusted
-        self._bar = DataBar(self.label, self.budget, "tok", enabled=None if self._show_progress() else False)
-        self._bar.update(written, first=True)
-        tokenizer, budget = self._tokenizer, self.budget
-        eos = int(tokenizer.eos_id)
-        truncated = False
-        reader = self._source.reader(self.identity["split"], state.get("reader"))
-        batches = _Prefetch(reader)
-        try:
-            with open(data_path, "ab") as f:
-                for texts, reader_state in batches:
-                    encoded = _encode(tokenizer, texts)
-                    lengths = [len(ids) + 1 for ids in encoded]
-                    take = len(texts)
-                    total = sum(lengths)
-                    if budget is not None and written + total >= budget:      # the budget ends in this batch
-                        room, take = budget - written, 0
-                        while room > 0:
-                            room -= lengths[take]
-                            take += 1
-                        truncated = True
-                    buf = np.empty(sum(lengths[:take]), dtype=self.dtype)
-                    pos = 0
-                    for text, ids in zip(texts[:take], encoded[:take]):
-                        n = len(ids)
-                        buf[pos:pos + n] = ids          # an id too large for the dtype raises OverflowError
-                        buf[pos + n] = eos
-                        pos += n + 1
-                        chain = hashlib.sha256(chain + hashlib.sha256(text.encode("utf-8")).digest()).digest()
-                        docs += 1
-                        chars += len(text)
-                    if truncated:
-                        buf = buf[: budget - written]
-                    f.write(buf.tobytes())
-                    written += len(buf)
-                    if truncated:
-                        break
-                    self._commit(f, {"tokens": written, "documents": docs, "characters": chars,
-                                     "sha256": chain.hex(), "reader": reader_state})
-                final = {"tokens": written, "documents": docs, "characters": chars, "sha256": chain.hex(),
-                         "truncated": truncated}
-                self._commit(f, {**final, "reader": None})
-        finally:
-            batches.close()
+        self.bar = DataBar(self.label, self.budget, "tok", enabled=None if self._show_progress() else False)
+        final = produce(self, self._source, self._tokenizer)
         _atomic_json(self.path("complete.json"), {**final, "completed": time.time()})
         with self._cond:
             self._final = final
-            self._committed = written
+            self._committed = int(final["tokens"])
             self._cond.notify_all()
 
-    def _commit(self, f, state: dict[str, Any]) -> None:
+    def commit(self, f, state: dict[str, Any]) -> None:
+        """Make ``state`` (tokens written to ``f`` so far, the reader's position...) durable and visible."""
         f.flush()
         os.fsync(f.fileno())
         _atomic_json(self.path("progress.json"), state)
         with self._cond:
             self._committed = int(state["tokens"])
             self._cond.notify_all()
-        if self._bar is not None:
-            self._bar.update(self._committed)
-
-
-def _encode(tokenizer, texts: list[str]) -> list:
-    if tokenizer.kind == "byte":                        # the UTF-8 bytes are the ids
-        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
-    return tokenizer.encode_batch(texts)
-
-
-class _Prefetch:
-    """Batches of documents read by a background thread (with the reader's position after each batch), so that
-    reading and decompressing overlap with tokenising."""
-
-    _END = object()
-
-    def __init__(self, reader, depth: int = 2):
-        self.reader = reader
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="posbench-read", daemon=True)
-        self.thread.start()
-
-    def _put(self, item) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.5)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self) -> None:
-        try:
-            texts: list[str] = []
-            size = 0
-            for text in self.reader:
-                texts.append(text)
-                size += len(text)
-                if size >= BATCH_CHARS or len(texts) >= BATCH_DOCS:
-                    if not self._put((texts, self.reader.state())):
-                        return
-                    texts, size = [], 0
-            if texts and not self._put((texts, self.reader.state())):
-                return
-            self._put(self._END)
-        except BaseException as exc:   # noqa: BLE001 - re-raised in the producer
-            self._put(exc)
-
-    def __iter__(self):
-        while True:
-            item = self.queue.get()
-            if item is self._END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def close(self) -> None:
-        self.stop.set()
+        if self.bar is not None:
+            self.bar.update(self._committed)
