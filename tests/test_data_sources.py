@@ -7,7 +7,7 @@ import pytest
 
 from posbench.data import DataError
 from posbench.data import corpus
-from posbench.data.sources import hash_documents, looks_like_hub_name, open_source
+from posbench.data.sources import looks_like_hub_name, open_source
 
 DOCS = [f"document number {i}\nwith two lines ✓" for i in range(40)]
 
@@ -108,9 +108,3 @@ def test_missing_paths_and_bad_files(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="holds no"):
         open_source(str(tmp_path / "empty"))
-
-
-def test_hash_documents():
-    h1, n, chars = hash_documents(["ab", "c"])
-    h2, _, _ = hash_documents(["a", "bc"])
-    assert n == 2 and chars == 3 and h1 != h2 and len(h1) == 64

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from posbench.cli.common import err, out, split_names, user_errors
+from posbench.cli.common import out, progress_reporter, split_names, user_errors
 
 BENCH_EPILOG = """[bold]Examples[/bold]
 
@@ -49,7 +49,6 @@ def bench(
                                  "write nothing."),
 ) -> None:
     """Measure each encoding's training (or forward, or decoding) step; writes results/bench/<mode>/<run-id>/."""
-    from posbench.progress import NullReporter, RichReporter
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
 
@@ -70,7 +69,7 @@ def bench(
 
             show_configs([config])
             return
-        reporter = NullReporter() if quiet else RichReporter(err())
+        reporter = progress_reporter(quiet)
         outcome = runner.execute(config, out_dir, reporter=reporter, command=["posbench", *sys.argv[1:]])
         out().print(efficiency_table(outcome.record))
         out().print(f"-> {outcome.run_dir}")
@@ -88,7 +87,7 @@ def _ints(flag: str, text: Optional[str]) -> list[int]:
 
 
 def efficiency_table(record) -> Table:
-    info, task, train = record.bench, record.config.task_options, record.config.train
+    info, task = record.bench, record.config.task_options
     peak = f"{info['peak_tflops']:g} TFLOP/s ({info['peak_source']})" if info.get("peak_tflops") else \
         info.get("peak_source", "")
     table = Table(title=f"bench {task['mode']}, {record.preset} model, {info['device_name']}, {record.precision}; "

@@ -36,6 +36,16 @@ def user_errors():
         raise typer.Exit(1) from None
 
 
+def progress_reporter(quiet: bool):
+    """Training progress on stderr (none with ``--quiet``); the libraries' download / preprocessing bars and
+    posbench's data bars follow the same switch."""
+    from posbench.data.progress import library_progress
+    from posbench.progress import NullReporter, RichReporter
+
+    library_progress(not quiet)
+    return NullReporter() if quiet else RichReporter(err())
+
+
 def one_line(exc: BaseException) -> str:
     text = exc.message if hasattr(exc, "message") else str(exc)
     return " ".join(str(text).split()) or type(exc).__name__

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from posbench.cli.common import err, out, user_errors
+from posbench.cli.common import out, progress_reporter, user_errors
 
 EXTEND_EPILOG = """[bold]Examples[/bold]
 
@@ -51,12 +51,11 @@ def extend(
     """Extend a Llama's context window and fine-tune it; writes results/extend/<model>+<method>/<run-id>/.
     The same run as 'posbench run -t extend --init MODEL --encoding METHOD --set task.length=L'."""
     from posbench.errors import ConfigError
-    from posbench.progress import NullReporter, RichReporter
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
 
     with user_errors():
-        reporter = NullReporter() if quiet else RichReporter(err())
+        reporter = progress_reporter(quiet)
         if resume is not None:
             if model or method or length is not None or data or scale is not None or steps is not None or sets or logs:
                 raise ConfigError("--resume continues a run with its own config; pass only --resume "

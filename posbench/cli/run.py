@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from posbench.cli.common import err, out, split_names, user_errors
+from posbench.cli.common import err, out, progress_reporter, split_names, user_errors
 
 RUN_EPILOG = """[bold]Examples[/bold]
 
@@ -56,12 +56,11 @@ def run(
     """Train and evaluate one or more encodings on a task; writes results/<task>/<encoding>/<run-id>/ (or continues
     a killed run, of any task: --resume)."""
     from posbench.errors import ConfigError
-    from posbench.progress import NullReporter, RichReporter
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
 
     with user_errors():
-        reporter = NullReporter() if quiet else RichReporter(err())
+        reporter = progress_reporter(quiet)
         if resume is not None:
             if (encoding or task or preset or steps is not None or sets or init or data or datasets or tokenizer
                     or seed is not None or seeds is not None or logs):

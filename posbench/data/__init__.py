@@ -1,7 +1,15 @@
-"""Data for posbench: text sources, the built-in corpus, tokenizers and SCROLLS files.
+"""Data for posbench: text sources, the built-in corpus, tokenizers, SCROLLS files, and reading at scale.
 
-Submodules are imported on demand (``posbench.data.sources``, ``.corpus``, ``.tokenizer``,
-``.scrolls_data``) so that importing the package stays cheap.
+Submodules are imported on demand so that importing the package stays cheap:
+
+* ``sources`` (``--data``: built-in, local files, hub names), ``hub`` (which files each hub name reads),
+  ``documents`` (a resumable stream of a split's documents), ``splits`` (the held-out check run before training);
+* ``tokenizer``, ``corpus``, ``char``;
+* ``lm`` (token streams; ``corpus_tokens`` picks memory or the on-disk cache), ``token_cache`` (tokenising into
+  a memory-mapped file in the background), ``chunks`` (the training order over a growing cache);
+* ``scrolls_data`` (SCROLLS, streamed to the budget);
+* ``progress`` (``library_progress``, the CLI's ``--quiet`` switch, and the data progress bars),
+  ``hub_errors`` (gated / missing / script repositories in one line).
 """
 
 from posbench.data.errors import DataError

@@ -79,3 +79,37 @@ def chunk(tokens: np.ndarray | torch.Tensor, length: int) -> torch.Tensor:
     t = torch.as_tensor(tokens, dtype=torch.long)
     n = len(t) // length
     return t[: n * length].view(n, length)
+
+
+# ---- reading only what is used ------------------------------------------------------------------------------
+
+#: budgets up to this many tokens are read into memory (``token_stream``, ``ChunkStream``: today's path, and
+#: the only one the built-in corpus ever takes); larger ones go through the on-disk token cache
+IN_MEMORY_MAX_TOKENS = 1 << 24
+
+
+def training_token_budget(max_train_tokens: int, steps: int, batch_size: int, length: int) -> int:
+    """The training tokens to read: ``max_train_tokens`` when set, else exactly what training consumes,
+    ``steps x batch_size x length + 1`` (each example is a window of ``length + 1`` tokens; consecutive
+    windows share no token, so the ``+ 1`` is the last window's final target)."""
+    if max_train_tokens:
+        return int(max_train_tokens)
+    return int(steps) * int(batch_size) * int(length) + 1
+
+
+def uses_token_cache(source: TextSource, budget: int | None) -> bool:
+    """Whether ``corpus_tokens`` reads through the on-disk cache (never for the built-in corpus)."""
+    return source.kind != "builtin" and (budget is None or budget > IN_MEMORY_MAX_TOKENS)
+
+
+def corpus_tokens(source: TextSource, split: str, tokenizer: Tokenizer, budget: int | None):
+    """The first ``budget`` tokens of ``split`` (None: all of it): an in-memory :class:`TokenStream` for the
+    built-in corpus and small budgets (exactly ``token_stream``), else a
+    :class:`~posbench.data.token_cache.TokenCache` that fills in the background. Both have ``describe()``,
+    ``sha256`` and ``tokens`` (the cache's waits for completion: use it for evaluation budgets, and
+    ``posbench.data.chunks.CachedChunks`` for training)."""
+    if not uses_token_cache(source, budget):
+        return token_stream(source, split, tokenizer, budget)
+    from posbench.data.token_cache import open_cache
+
+    return open_cache(source, split, tokenizer, budget)

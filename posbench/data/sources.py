@@ -6,64 +6,40 @@ document per row in a text field (``text`` unless told otherwise). Kinds:
 * ``stdlib`` (the default): the built-in corpus of ``posbench.data.corpus``; no download.
 * a local path: a ``.jsonl``/``.json``/``.parquet`` file (one row per document), a ``.txt``/``.md`` file
   (one document per file), each optionally compressed (``.gz``, ``.bz2``, ``.xz``, ``.zst``), or a directory
-  of them (searched recursively, sorted by path). Files whose name up to the first ``.``, ``-`` or ``_`` is
-  ``validation``, ``valid``, ``val``, ``dev`` or ``test`` (or that sit under a directory of that name) form
-  the held-out split; when there are none, every ``holdout_every``-th document is held out (indices 0,
-  k, 2k, ...).
-* a hub name (``owner/name``, optionally ``owner/name:config``, or an alias such as ``c4``, ``pg19``,
-  ``proof-pile``) loaded with ``datasets`` in streaming mode when a network is there. Offline the source
-  raises a one-line :class:`DataError` that says what to pass instead.
+  of them (searched recursively, sorted by path). Files named ``validation``, ``valid``, ``val``, ``dev``,
+  ``test`` (a word of the name before its first ``.``, words split at ``-`` and ``_``: ``validation.jsonl``,
+  ``c4-validation.00000-of-00008.json.gz``), or that sit under a directory of that name, form the held-out
+  split; when there are none, every ``holdout_every``-th document is held out (indices 0, k, 2k, ...).
+* a hub name: an alias (``c4``, ``pg19``, ``proof-pile``, ``redpajama-sample``), a canonical name
+  (``allenai/c4:en``, ``deepmind/pg19``, ...) or any ``owner/name[:config]`` of a repository with data files,
+  read with ``datasets`` in streaming mode when a network is there (:mod:`posbench.data.hub` says which files
+  each name reads and why). A data set without a validation split holds out every ``holdout_every``-th
+  training document. Offline the source raises a one-line :class:`DataError` that says what to pass instead.
 
-Loading goes through ``datasets`` (``json``, ``parquet`` and ``text`` builders) so local files and hub
-data behave the same. Nothing here touches the network unless a hub name is asked for and the hub is not
-marked offline.
+Every file is read through ``datasets`` (``json``, ``parquet`` and ``text`` builders, streaming), so local
+files and hub data behave the same and memory never depends on a file's size
+(:class:`posbench.data.documents.DocumentReader`). Nothing here touches the network unless a hub name is
+asked for and the hub is not marked offline.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from posbench.data import corpus
+from posbench.data.hub_env import WHAT_TO_PASS, hub_offline
 from posbench.data.errors import DataError
-
-HUB_ALIASES: dict[str, tuple[str, str | None]] = {
-    "c4": ("allenai/c4", "en"),
-    "pg19": ("deepmind/pg19", None),
-    "proof-pile": ("hoskinson-center/proof-pile", None),
-    "proofpile": ("hoskinson-center/proof-pile", None),
-    "scrolls": ("tau/scrolls", None),
-}
-HUB_DEFAULT_CONFIG = {"allenai/c4": "en"}
-# the held-out split each hub data set calls "validation" (C4 has one; PG19 and proof-pile too)
-HUB_SPLITS = {"train": "train", "validation": "validation"}
 
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".text": "text",
             ".md": "text"}
 HELD_OUT_NAMES = ("validation", "valid", "val", "dev", "test", "heldout", "held_out")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(:[\w.-]+)?$")
-
-WHAT_TO_PASS = ("pass a local copy with --data PATH (a .jsonl/.json/.parquet/.txt file or a directory of "
-                "them, one document per row in a 'text' field) or use the built-in corpus with --data stdlib")
-
-
-def hub_offline() -> bool:
-    """True when the environment marks the Hugging Face hub offline (checked before any network call)."""
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(var, "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
-            return True
-    try:
-        from huggingface_hub import constants
-        return bool(constants.HF_HUB_OFFLINE)
-    except Exception:       # noqa: BLE001 - an old or missing huggingface_hub just means "not flagged"
-        return False
-
 
 def file_kind(path: Path) -> str | None:
     """The ``datasets`` builder for a file name (``json``, ``parquet``, ``text``) or None."""
@@ -76,7 +52,9 @@ def file_kind(path: Path) -> str | None:
 
 
 def looks_like_hub_name(spec: str) -> bool:
-    if spec.lower() in HUB_ALIASES:
+    from posbench.data import hub
+
+    if spec.strip().lower() in hub.KNOWN:
         return True
     if file_kind(Path(spec.split(":")[0])) is not None:   # data/train.jsonl is a path, not owner/name
         return False
@@ -87,11 +65,7 @@ def _is_held_out_file(path: Path, root: Path) -> bool:
     parts = [p.lower() for p in path.relative_to(root).parts[:-1]]
     stem = path.name.lower().split(".")[0]
     words = re.split(r"[-_]", stem)
-    return any(p in HELD_OUT_NAMES for p in parts) or stem in HELD_OUT_NAMES or words[0] in HELD_OUT_NAMES
-
-
-def _held_out_index(index: int, every: int) -> bool:
-    return index % every == 0
+    return any(p in HELD_OUT_NAMES for p in parts) or stem in HELD_OUT_NAMES or any(w in HELD_OUT_NAMES for w in words)
 
 
 @dataclass
@@ -106,18 +80,20 @@ class TextSource:
     root: Path | None = None
     hub_name: str | None = None
     hub_config: str | None = None
+    hub: Any = None                             # posbench.data.hub.HubSpec for hub sources
+    _plan: dict[str, str] | None = field(default=None, repr=False)
+    _split_files: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict, repr=False)
 
     # ----------------------------------------------------------------------------------------------
     def documents(self, split: str = "train") -> Iterator[str]:
         """Documents of ``split`` (``train`` or ``validation``), in a fixed order."""
-        if split not in ("train", "validation"):
-            raise DataError(f"unknown split '{split}': use train or validation")
-        if self.kind == "builtin":
-            yield from corpus.stdlib_documents(split)
-        elif self.kind == "local":
-            yield from self._local_documents(split)
-        else:
-            yield from self._hub_documents(split)
+        return iter(self.reader(split))
+
+    def reader(self, split: str = "train", state: dict[str, Any] | None = None):
+        """A resumable :class:`~posbench.data.documents.DocumentReader` over ``split``."""
+        from posbench.data.documents import DocumentReader
+
+        return DocumentReader(self, split, state)
 
     def describe(self) -> dict[str, Any]:
         """What the result records about the source (the content hash is added by whoever reads it)."""
@@ -127,8 +103,121 @@ class TextSource:
             return {"name": self.spec, "kind": "local", "root": str(self.root), "text_field": self.text_field,
                     "files": [str(p.relative_to(self.root)) if self.root.is_dir() else p.name for p in self.files],
                     "holdout": self._holdout_rule()}
-        return {"name": self.spec, "kind": "hub", "hub_name": self.hub_name, "hub_config": self.hub_config,
-                "text_field": self.text_field}
+        out = {"name": self.spec, "kind": "hub", "hub_name": self.hub_name, "hub_config": self.hub_config,
+               "text_field": self.text_field}
+        if self.hub is not None:
+            out.update(self.hub.describe())
+        if self._plan is not None:
+            out["holdout"] = self._plan["rule"]
+        return out
+
+    def identity(self, split: str = "train") -> dict[str, Any]:
+        """What names the content of ``split`` exactly enough to key a token cache (local files: paths, sizes
+        and modification times; hub data files: names inside the repository and sizes; a hub repository read
+        by name: the name)."""
+        base = {"kind": self.kind, "text_field": self.text_field, "holdout_every": self.holdout_every}
+        if self.kind == "builtin":
+            return {**base, **corpus.describe()}
+        if self.kind == "local":
+            return {**base, "files": [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in self.files]}
+        out = {**base, "hub": self.hub.describe(), "plan": self.split_plan()["validation"]}
+        if self.hub.builder:
+            from posbench.data import hub
+
+            prefix = hub.HUB_ROOT.rstrip("/") + "/"
+            plan = self.split_plan()["validation"]
+            files = self.split_files("train" if plan == "held-out slice" else split)
+            out["files"] = [[url[len(prefix):] if url.startswith(prefix) else url, size] for url, _, size in files]
+        return out
+
+    # ---- splits ----------------------------------------------------------------------------------------------
+    def split_plan(self) -> dict[str, str]:
+        """Where the held-out split comes from: ``{"validation": "split" | "files" | "held-out slice" | "builtin",
+        "rule": a sentence}``. Hub names ask the hub (once) unless posbench knows their files."""
+        if self._plan is None:
+            self._plan = self._make_plan()
+        return self._plan
+
+    def _make_plan(self) -> dict[str, str]:
+        if self.kind == "builtin":
+            return {"validation": "builtin", "rule": "files whose path digest starts below 16 (1 in 16)"}
+        if self.kind == "local":
+            named = self._holdout_rule().startswith("by file name")
+            return {"validation": "files" if named else "held-out slice", "rule": self._holdout_rule()}
+        self.check_online()
+        from posbench.data import hub
+
+        try:
+            splits = hub.split_names(self.hub)
+        except DataError:
+            raise
+        except Exception as exc:   # noqa: BLE001
+            raise self.hub_error(exc) from None
+        if "train" not in splits:
+            raise DataError(f"hub data set '{self.hub.name}' has no train split (splits: {', '.join(splits)}); "
+                            f"{WHAT_TO_PASS}")
+        if "validation" in splits:
+            return {"validation": "split", "rule": "the data set's validation split"}
+        return {"validation": "held-out slice",
+                "rule": f"no validation split: training documents whose index is 0 mod {self.holdout_every} "
+                        f"are held out"}
+
+    def split_files(self, split: str) -> list[tuple[str, str, int]]:
+        """``(path or URL, builder, size)`` of the files of ``split``, in reading order (local sources and hub
+        data sets read by files)."""
+        if split not in self._split_files:
+            self._split_files[split] = self._list_split_files(split)
+        return self._split_files[split]
+
+    def _list_split_files(self, split: str) -> list[tuple[str, str, int]]:
+        if self.kind == "local":
+            split_root = self._split_root()
+            named = [p for p in self.files if _is_held_out_file(p, split_root)]
+            if named:
+                chosen = named if split == "validation" else [p for p in self.files if p not in named]
+            else:
+                chosen = list(self.files)
+            return [(str(p), file_kind(p), p.stat().st_size) for p in chosen]
+        self.check_online()
+        from posbench.data import hub
+
+        found: list[tuple[str, str, int]] = []
+        try:
+            for pattern in self.hub.patterns(split):
+                found.extend((url, self.hub.builder, size) for url, size in hub.list_files(pattern))
+        except Exception as exc:   # noqa: BLE001
+            raise self.hub_error(exc) from None
+        if not found:
+            raise DataError(f"hub data set '{self.hub.name}': no files match {', '.join(self.hub.patterns(split))}; "
+                            f"{WHAT_TO_PASS}")
+        return found
+
+    def label(self, url: str) -> str:
+        """How a file is named in messages."""
+        if self.kind == "local" and self.root is not None and self.root.is_dir():
+            try:
+                return str(Path(url).relative_to(self.root))
+            except ValueError:
+                return url
+        return url
+
+    # ---- the hub ---------------------------------------------------------------------------------------------
+    def check_online(self) -> None:
+        from posbench.data import hub
+
+        local_root = self.hub is not None and self.hub.builder and not hub.HUB_ROOT.startswith("hf://")
+        if self.kind == "hub" and hub_offline() and not local_root:
+            raise DataError(f"cannot load hub data set '{self.hub_name}' offline: {WHAT_TO_PASS}")
+
+    def hub_error(self, exc: BaseException) -> DataError:
+        from posbench.data.hub_errors import explain
+
+        name = self.hub.name if self.hub is not None else str(self.hub_name)
+        message = explain(exc, name, offline=WHAT_TO_PASS)
+        if message:
+            return DataError(message)
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return DataError(f"cannot load hub data set '{name}' ({type(exc).__name__}: {first}): {WHAT_TO_PASS}")
 
     # ----------------------------------------------------------------------------------------------
     def _holdout_rule(self) -> str:
@@ -138,70 +227,6 @@ class TextSource:
 
     def _split_root(self) -> Path:
         return self.root if self.root.is_dir() else self.root.parent
-
-    def _local_documents(self, split: str) -> Iterator[str]:
-        split_root = self._split_root()
-        named = [p for p in self.files if _is_held_out_file(p, split_root)]
-        if named:
-            chosen = named if split == "validation" else [p for p in self.files if p not in named]
-            for path in chosen:
-                yield from self._read_file(path)
-            return
-        index = 0
-        for path in self.files:
-            for text in self._read_file(path):
-                if _held_out_index(index, self.holdout_every) == (split == "validation"):
-                    yield text
-                index += 1
-
-    def _read_file(self, path: Path) -> Iterator[str]:
-        builder = file_kind(path)
-        datasets = _datasets()
-
-        kwargs: dict[str, Any] = {}
-        if builder == "text":
-            kwargs["sample_by"] = "document"
-        try:
-            ds = datasets.load_dataset(builder, data_files=[str(path)], split="train", **kwargs)
-        except Exception as exc:   # noqa: BLE001 - any parse error becomes one line naming the file
-            raise DataError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
-        field_name = "text" if builder == "text" else self.text_field
-        if field_name not in ds.column_names:
-            raise DataError(f"{path} has no '{field_name}' field (columns: {', '.join(ds.column_names)}); "
-                            f"pass --text-field NAME")
-        for value in ds[field_name]:
-            if isinstance(value, str) and value:
-                yield value
-
-    def _hub_documents(self, split: str) -> Iterator[str]:
-        if hub_offline():
-            raise DataError(f"cannot load hub data set '{self.hub_name}' offline: {WHAT_TO_PASS}")
-        datasets = _datasets()
-
-        try:
-            ds = datasets.load_dataset(self.hub_name, self.hub_config, split=HUB_SPLITS[split], streaming=True)
-            for row in ds:
-                value = row.get(self.text_field)
-                if value is None:
-                    raise DataError(f"hub data set '{self.hub_name}' has no '{self.text_field}' field "
-                                    f"(columns: {', '.join(row)}); pass --text-field NAME")
-                if value:
-                    yield value
-        except DataError:
-            raise
-        except Exception as exc:   # noqa: BLE001 - network, auth or missing-config errors
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            raise DataError(f"cannot load hub data set '{self.hub_name}' ({type(exc).__name__}: {first}): "
-                            f"{WHAT_TO_PASS}") from None
-
-
-def _datasets():
-    """``datasets``, imported on first use (it is heavy) and kept quiet (no progress bars)."""
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    return datasets
 
 
 def _local_files(path: Path) -> list[Path]:
@@ -219,6 +244,8 @@ def _local_files(path: Path) -> list[Path]:
 
 def open_source(spec: str | None, text_field: str = "text", holdout_every: int = 20) -> TextSource:
     """Resolve ``--data SOURCE``: ``stdlib`` (default), a local file or directory, or a hub name."""
+    from posbench.data import hub
+
     spec = (spec or corpus.NAME).strip()
     if spec.lower() in (corpus.NAME, "builtin", "default"):
         return TextSource(spec=corpus.NAME, kind="builtin", text_field="text")
@@ -227,23 +254,12 @@ def open_source(spec: str | None, text_field: str = "text", holdout_every: int =
         files = _local_files(path)
         return TextSource(spec=spec, kind="local", text_field=text_field, holdout_every=holdout_every,
                           files=files, root=path.resolve() if path.is_dir() else path)
+    if spec.lower().rstrip("/") in ("scrolls", "tau/scrolls", "hf://datasets/tau/scrolls"):
+        raise DataError(f"{spec} is the SCROLLS benchmark, which the scrolls task reads (posbench run -t scrolls), "
+                        f"not a text corpus; {WHAT_TO_PASS}")
     if looks_like_hub_name(spec):
-        name, _, config = spec.partition(":")
-        if name.lower() in HUB_ALIASES:
-            name, alias_config = HUB_ALIASES[name.lower()]
-            config = config or alias_config
-        config = config or HUB_DEFAULT_CONFIG.get(name)
-        return TextSource(spec=spec, kind="hub", text_field=text_field, hub_name=name, hub_config=config or None)
+        resolved = hub.resolve(spec)
+        return TextSource(spec=spec, kind="hub", text_field=text_field, holdout_every=holdout_every,
+                          hub_name=resolved.repo if resolved.builder is None else resolved.name.split(":")[0],
+                          hub_config=resolved.config, hub=resolved)
     raise DataError(f"no such file or directory: {spec}; {WHAT_TO_PASS}")
-
-
-def hash_documents(docs: Iterable[str]) -> tuple[str, int, int]:
-    """SHA-256 over the documents (UTF-8, each followed by a NUL byte), their count and total characters."""
-    h = hashlib.sha256()
-    n = chars = 0
-    for text in docs:
-        h.update(text.encode("utf-8"))
-        h.update(b"\0")
-        n += 1
-        chars += len(text)
-    return h.hexdigest(), n, chars

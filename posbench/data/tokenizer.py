@@ -166,13 +166,15 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def load(cls, name_or_path: str) -> HFTokenizer:
-        from posbench.data.sources import hub_offline
+        from posbench.data.hub_env import hub_offline
 
         path = Path(os.path.expanduser(name_or_path))
         try:
             import transformers
 
-            transformers.logging.set_verbosity_error()
+            from posbench.data.progress import apply_to
+
+            apply_to(transformers)
             if path.is_file():
                 hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path))
                 if hf.eos_token_id is None:
@@ -187,6 +189,11 @@ class HFTokenizer(Tokenizer):
         except DataError:
             raise
         except Exception as exc:   # noqa: BLE001 - offline, unknown name, bad files: one line
+            from posbench.data.hub_errors import explain
+
+            message = None if path.exists() else explain(exc, name_or_path, repo_type="model", offline=None)
+            if message:                              # gated / not found keep their meaning
+                raise DataError(f"cannot load tokenizer '{name_or_path}': {message}") from None
             where = "offline and not in the local cache" if hub_offline() else f"{type(exc).__name__}"
             raise DataError(f"cannot load tokenizer '{name_or_path}' ({where}): pass --tokenizer byte, "
                             f"--tokenizer bpe (trained on the corpus), or a local directory / tokenizer.json "

@@ -27,12 +27,24 @@ LOCAL_HINT = "pass a local directory in the save_pretrained layout (config.json,
 
 
 def _quiet() -> None:
-    """transformers and peft warn about deprecations that are theirs, not the user's."""
+    """transformers and peft warn about deprecations that are theirs, not the user's; the download and
+    loading bars follow ``posbench.data.progress.library_progress`` (on unless ``--quiet``)."""
+    import huggingface_hub
     import transformers
 
+    from posbench.data.progress import apply_to
+
     transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    apply_to(transformers)
+    apply_to(huggingface_hub)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\b.*")
+
+
+def hub_failure(exc: BaseException, name: str) -> str | None:
+    """One line for a hub failure of the model ``name`` (gated, missing, offline...), or None."""
+    from posbench.data.hub_errors import explain
+
+    return explain(exc, name, repo_type="model", offline=LOCAL_HINT)
 
 
 def is_local(name_or_path: str | Path) -> bool:
@@ -41,7 +53,7 @@ def is_local(name_or_path: str | Path) -> bool:
 
 def local_files_only(name_or_path: str | Path) -> bool:
     """True for a local directory, and for a hub name while the hub is marked offline (then it is an error)."""
-    from posbench.data.sources import hub_offline
+    from posbench.data.hub_env import hub_offline
 
     if is_local(name_or_path):
         return True
@@ -86,6 +98,9 @@ def load_config(name_or_path: str | Path):
     try:
         config = AutoConfig.from_pretrained(name, local_files_only=local)
     except Exception as exc:  # noqa: BLE001 - missing files, bad JSON, network: one line
+        message = None if local else hub_failure(exc, str(name_or_path))
+        if message:                                  # gated / not found / offline keep their meaning
+            raise HFModelError(message) from None
         raise HFModelError(f"cannot read the config of '{name_or_path}' ({type(exc).__name__}): {LOCAL_HINT}") from None
     if not isinstance(config, LlamaConfig):
         raise HFModelError(f"'{name_or_path}' is a '{config.model_type}' model, not a Llama")
@@ -112,6 +127,9 @@ def load_llama(name_or_path: str | Path, *, dtype: torch.dtype | None = None, de
     except HFModelError:
         raise
     except Exception as exc:  # noqa: BLE001 - missing or corrupt weights: one line
+        message = None if is_local(name_or_path) else hub_failure(exc, str(name_or_path))
+        if message:
+            raise HFModelError(message) from None
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise HFModelError(f"cannot load the weights of '{name_or_path}' ({type(exc).__name__}: {first[:200]})") from None
     return model.to(device)

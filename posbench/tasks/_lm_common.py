@@ -14,8 +14,8 @@ import torch
 
 from posbench.data.batch import Batch
 from posbench.data.errors import DataError
-from posbench.data.lm import TokenStream, token_stream
-from posbench.data.sources import WHAT_TO_PASS, hub_offline, open_source
+from posbench.data.lm import TokenStream, corpus_tokens, training_token_budget
+from posbench.data.sources import open_source
 from posbench.data.tokenizer import Tokenizer, build_tokenizer, parse_bpe_spec, tokenizer_from_spec
 from posbench.errors import ConfigError
 from posbench.options import at_least
@@ -111,6 +111,31 @@ class ChunkStream(IndexedStream):
         return Batch(x[:, :-1].contiguous(), x[:, 1:].contiguous())
 
 
+class CachedChunkStream(IndexedStream):
+    """``ChunkStream`` over an on-disk token cache that may still be filling: windows in block-local order
+    (``posbench.data.chunks``), so training starts once the first block is tokenised; example g is still a
+    pure function of (seed, g)."""
+
+    def __init__(self, seed: int, chunks):
+        super().__init__(seed)
+        self.chunks = chunks
+        chunks.wait_until_ready()
+
+    def make_examples(self, start: int, count: int) -> Batch:
+        x = torch.from_numpy(self.chunks.rows(self.seed, start, count))
+        return Batch(x[:, :-1].contiguous(), x[:, 1:].contiguous())
+
+
+def chunk_stream(seed: int, tokens, length: int) -> IndexedStream:
+    """The training stream over ``posbench.data.lm.corpus_tokens``' result: ``ChunkStream`` for in-memory
+    tokens (unchanged), ``CachedChunkStream`` for a token cache."""
+    if isinstance(tokens, TokenStream):
+        return ChunkStream(seed, tokens.tokens, length)
+    from posbench.data.chunks import CachedChunks
+
+    return CachedChunkStream(seed, CachedChunks(tokens, length))
+
+
 class CorpusTask(TokenizerMixin, Task):
     """Common base of ``pretrain`` and ``perplexity``: a corpus, a tokenizer, a chunked training stream and a
     held-out token stream."""
@@ -128,7 +153,8 @@ class CorpusTask(TokenizerMixin, Task):
         "data": "corpus: stdlib (built in), a .jsonl/.json/.parquet/.txt file or directory, or a hub name",
         "text_field": "the field holding each document's text",
         "tokenizer": "byte, bpe or bpe:VOCAB (trained on the corpus, saved with the run), or an HF name/path",
-        "max_train_tokens": "training tokens read from the corpus (0: the whole training split)",
+        "max_train_tokens": "training tokens read from the corpus (0: what training uses, steps x batch_size x "
+                            "max_seq_len + 1; the built-in corpus: all of it)",
         "eval_tokens": "held-out tokens evaluated (0: the whole held-out split)",
         "eval_batch_size": "windows per forward pass in evaluation",
         "bpe_train_chars": "characters of the training split a BPE tokenizer is trained on",
@@ -167,27 +193,37 @@ class CorpusTask(TokenizerMixin, Task):
     def validate(self) -> None:
         if self.train_length < 2:
             raise ConfigError(f"model.max_seq_len (the training length) must be >= 2, got {self.train_length}")
-        if self.corpus.kind == "hub" and hub_offline():   # fail before the run directory exists
-            raise DataError(f"cannot load hub data set '{self.corpus.hub_name}' offline: {WHAT_TO_PASS}")
+        self.corpus.check_online()                        # fail before the run directory exists
+        from posbench.data.splits import check_splits
+
+        self.splits = check_splits(self.corpus)            # the held-out split exists: checked before training
 
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
 
-    def train_tokens(self) -> TokenStream:
+    def train_budget(self) -> int | None:
+        """Training tokens to read (None: the whole split, the built-in corpus's default)."""
+        if self.corpus.kind == "builtin" and not self.opts["max_train_tokens"]:
+            return None
+        train = self.config.train
+        return training_token_budget(self.opts["max_train_tokens"], train.get("steps", 0),
+                                     train.get("batch_size", 1), self.train_length)
+
+    def train_tokens(self):
         if self._train is None:
-            self._train = token_stream(self.corpus, "train", self.tokenizer, self.opts["max_train_tokens"] or None)
+            self._train = corpus_tokens(self.corpus, "train", self.tokenizer, self.train_budget())
         return self._train
 
-    def eval_tokens(self) -> TokenStream:
+    def eval_tokens(self):
         if self._eval is None:
-            self._eval = token_stream(self.corpus, "validation", self.tokenizer, self.opts["eval_tokens"] or None)
+            self._eval = corpus_tokens(self.corpus, "validation", self.tokenizer, self.opts["eval_tokens"] or None)
             if len(self._eval.tokens) < 2:
                 raise DataError(f"the held-out split of '{self.corpus.spec}' is empty; give the data a validation "
                                 f"file or more documents")
         return self._eval
 
-    def train_stream(self) -> ChunkStream:
-        return ChunkStream(self.config.seed, self.train_tokens().tokens, self.train_length)
+    def train_stream(self) -> IndexedStream:
+        return chunk_stream(self.config.seed, self.train_tokens(), self.train_length)
 
     def data_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"source": self.corpus.spec, "source_info": self.corpus.describe(),

@@ -23,10 +23,7 @@ then ``scrolls_score``. Each data set's predictions are also written as ``scroll
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -108,16 +105,7 @@ class Scrolls(TokenizerMixin, Task):
         self._hashes: dict[str, str] = {}
 
     def validate(self) -> None:
-        if self.data_arg is None:
-            if sd.hub_offline():
-                raise DataError(f"cannot load the hub data set {sd.HUB_NAME} offline: {sd.WHAT_TO_PASS}")
-        else:
-            root = Path(self.data_arg).expanduser()
-            if not root.is_dir():
-                raise DataError(f"--data {self.data_arg} is not a directory; {sd.WHAT_TO_PASS}")
-            for dataset in self.datasets:        # every file is there before anything runs
-                for split in ("train", "validation"):
-                    sd.local_file(root, dataset, split)
+        sd.resolve_data(self.data_arg).check(self.datasets)   # every file is there before anything runs
         self.gen_limits = self._gen_limits()
         if self.max_input_tokens < 8:
             raise ConfigError(f"task.max_input_tokens must be >= 8, got {self.max_input_tokens}")
@@ -191,13 +179,13 @@ class Scrolls(TokenizerMixin, Task):
         return doc_ids + suffix_ids, truncated
 
     def _load(self, dataset: str, split: str) -> list[sd.Example]:
-        examples = sd.load_split(dataset, split, self.data_arg)
         limit = self.opts["max_train_examples" if split == "train" else "max_eval_examples"]
-        if limit:
-            examples = examples[:limit]
+        # streamed, stopping at the budget; documents kept up to the characters encode_prompt can use
+        examples = sd.load_split(dataset, split, self.data_arg, limit=limit, doc_chars=self.max_input_tokens * 16,
+                                 doc_side=self.opts["truncation_side"])
         if not examples:
             raise DataError(f"SCROLLS {dataset}/{split} has no examples")
-        digest = hashlib.sha256(json.dumps([(e.id, e.input, e.outputs) for e in examples]).encode()).hexdigest()
+        digest = sd.split_digest(examples)
         self._hashes = {**self._hashes, f"{dataset}/{split}": digest}
         return examples
 

@@ -1,0 +1,252 @@
+"""The on-disk token cache: the same tokens as the in-memory path, reused by the next run, resumed exactly
+after a kill, shared between processes; and the block-local training order over a cache that is still
+filling, which is a pure function of (seed, example index) however fast the producer runs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from data_standins import documents
+from posbench.data import producer, token_cache
+from posbench.data.chunks import BlockOrder, CachedChunks
+from posbench.data.lm import corpus_tokens, token_stream, uses_token_cache
+from posbench.data.sources import open_source
+from posbench.data.tokenizer import BPETokenizer, ByteTokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(token_cache, "_OPEN", {})
+    return tmp_path / "cache"
+
+
+def _corpus(root: Path, n_files=3, docs=60, mean_words=120, seed=0) -> Path:
+    d = root / "corpus"
+    d.mkdir(parents=True, exist_ok=True)
+    for i in range(n_files):
+        rows = documents(docs, seed * 100 + i, mean_words=mean_words)
+        (d / f"part-{i:03d}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in rows))
+    (d / "validation.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in documents(20, 99)))
+    return d
+
+
+def _fresh(cache):
+    """Forget this process's cache objects (as a new process would)."""
+    token_cache._OPEN.clear()
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+@pytest.mark.parametrize("budget", [50_001, None, 10**9])
+def test_cache_holds_exactly_the_in_memory_tokens(tmp_path, kind, budget):
+    src = open_source(str(_corpus(tmp_path)))
+    tok = ByteTokenizer() if kind == "byte" else BPETokenizer.train(src.documents("train"), vocab_size=600)
+    ref = token_stream(src, "train", tok, budget)
+    cache = token_cache.open_cache(src, "train", tok, budget)
+    total = cache.wait_complete()
+    assert total == len(ref.tokens) and np.array_equal(cache.tokens, ref.tokens)
+    info = cache.describe()
+    assert (info["documents"], info["characters"], info["truncated"]) == (ref.documents, ref.characters, ref.truncated)
+    assert cache.dtype == np.uint16 and (cache.directory / "tokens.bin").stat().st_size == 2 * total
+
+
+def test_the_next_run_reuses_the_cache(tmp_path, monkeypatch):
+    src = open_source(str(_corpus(tmp_path)))
+    first = token_cache.open_cache(src, "train", ByteTokenizer(), 100_000)
+    first.wait_complete()
+    _fresh(first)
+
+    def no_reading(*a, **k):
+        raise AssertionError("a complete cache is not read again")
+
+    monkeypatch.setattr(type(src), "reader", no_reading)
+    again = token_cache.open_cache(open_source(str(tmp_path / "corpus")), "train", ByteTokenizer(), 100_000)
+    assert again is not first and again.finished and again.directory == first.directory
+    assert np.array_equal(again.tokens, first.tokens)
+    # another budget or tokenizer is another cache
+    other = token_cache.open_cache(src, "train", ByteTokenizer(), 100_001)
+    assert other.directory != first.directory
+
+
+def test_corpus_tokens_keeps_small_budgets_and_the_builtin_corpus_in_memory(tmp_path):
+    from posbench.data.lm import TokenStream
+
+    local = open_source(str(_corpus(tmp_path)))
+    assert not uses_token_cache(open_source("stdlib"), None)
+    assert not uses_token_cache(open_source("stdlib"), 10**10)
+    assert not uses_token_cache(local, 1 << 24) and uses_token_cache(local, (1 << 24) + 1)
+    assert isinstance(corpus_tokens(local, "validation", ByteTokenizer(), 4096), TokenStream)
+
+
+PRODUCER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {repo!r})
+    from posbench.data import token_cache
+    from posbench.data.sources import open_source
+    from posbench.data.tokenizer import ByteTokenizer
+    from posbench.data import producer
+    producer.BATCH_CHARS = 3000
+    cache = token_cache.open_cache(open_source({corpus!r}), "train", ByteTokenizer(), None)
+    cache.wait_complete()
+    print("DONE", cache.total, flush=True)
+""")
+
+
+def _spawn_producer(corpus: Path, cache: Path) -> subprocess.Popen:
+    env = {**os.environ, "POSBENCH_CACHE": str(cache), "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-c", PRODUCER.format(repo=str(REPO), corpus=str(corpus))], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _cache_dir_of(cache_root: Path) -> Path:
+    for _ in range(600):
+        found = list(cache_root.glob("tokens/*/train-*"))
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError("no cache directory appeared")
+
+
+def test_a_killed_tokenisation_resumes_exactly(tmp_path, cache_dir):
+    corpus = _corpus(tmp_path, n_files=4, docs=150, mean_words=200)
+    src = open_source(str(corpus))
+    reference = token_stream(src, "train", ByteTokenizer(), None)
+    proc = _spawn_producer(corpus, cache_dir)
+    directory = _cache_dir_of(cache_dir)
+    for _ in range(1200):                                  # let it commit a few batches, then kill -9 it
+        progress = token_cache._read_json(directory / "progress.json")
+        if progress and progress["tokens"] > 100_000:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (directory / "complete.json").exists(), "the producer finished before it could be killed"
+    committed = token_cache._read_json(directory / "progress.json")["tokens"]
+    assert 0 < committed < len(reference.tokens)
+    with open(directory / "tokens.bin", "ab") as f:       # a torn write past the last commit
+        f.write(b"\xff" * 1001)
+    cache = token_cache.open_cache(src, "train", ByteTokenizer(), None)
+    assert cache.directory == directory
+    assert cache.wait_complete() == len(reference.tokens)
+    assert np.array_equal(cache.tokens, reference.tokens)
+    assert cache.describe()["documents"] == reference.documents
+
+
+def test_a_second_process_waits_for_the_producer(tmp_path, cache_dir):
+    corpus = _corpus(tmp_path, n_files=3, docs=150, mean_words=200)
+    src = open_source(str(corpus))
+    proc = _spawn_producer(corpus, cache_dir)
+    directory = _cache_dir_of(cache_dir)
+    for _ in range(600):
+        if (directory / "progress.json").exists():
+            break
+        time.sleep(0.01)
+    cache = token_cache.open_cache(src, "train", ByteTokenizer(), None)
+    assert cache._thread is None or (directory / "complete.json").exists()     # the child holds the lock
+    total = cache.wait_complete()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert f"DONE {total}" in out
+    assert np.array_equal(cache.tokens, token_stream(src, "train", ByteTokenizer(), None).tokens)
+
+
+# ---- the training order -------------------------------------------------------------------------------------
+
+def test_block_order_is_a_permutation_per_block_and_epoch():
+    order = BlockOrder(length=16, block_tokens=160)            # 10 windows per block
+    n = 35                                                   # 3 full blocks and one of 5
+    for epoch in range(2):
+        seen = [order.window(3, epoch * n + g, n) for g in range(n)]
+        assert sorted(seen) == list(range(n))
+        assert all(b * 10 <= w < b * 10 + 10 for b in range(3) for w in seen[b * 10:(b + 1) * 10])
+        assert sorted(seen[30:]) == [30, 31, 32, 33, 34]
+    first = [order.window(3, g, n) for g in range(n)]
+    assert first != [order.window(3, n + g, n) for g in range(n)]            # a fresh order each epoch
+    assert first != [order.window(4, g, n) for g in range(n)]                # and per seed
+    assert [order.window(3, g) for g in range(30)] == first[:30]             # growing == final, full blocks
+    assert order.needed_tokens(0) == 10 * 16 + 1 and order.needed_tokens(10) == 20 * 16 + 1
+
+
+def test_examples_read_while_the_cache_grows_equal_those_of_the_complete_cache(tmp_path, monkeypatch):
+    from posbench.tasks._lm_common import CachedChunkStream
+
+    monkeypatch.setattr(producer, "BATCH_CHARS", 3000)
+    src = open_source(str(_corpus(tmp_path, n_files=4, docs=150, mean_words=200)))
+    length, block = 64, 64 * 50
+    cache = token_cache.open_cache(src, "train", ByteTokenizer(), None)
+    stream = CachedChunkStream(7, CachedChunks(cache, length, block_tokens=block))
+    growing = cache.finished is False
+    early = stream.next_batch(32)
+    assert growing, "the producer finished before the first batch: the corpus is too small for this test"
+    assert early.tokens.shape == (32, length)
+    cache.wait_complete()
+    n = (cache.total - 1) // length
+    total = n + 50                                          # into the second epoch
+    later = [stream.next_batch(32) for _ in range((total - 32) // 32)]
+    grown = torch.cat([early.tokens] + [b.tokens for b in later])
+    _fresh(cache)
+    done = token_cache.open_cache(src, "train", ByteTokenizer(), None)
+    assert done.finished
+    complete = CachedChunkStream(7, CachedChunks(done, length, block_tokens=block))
+    again = complete.next_batch(len(grown))
+    assert torch.equal(again.tokens, grown)
+    assert torch.equal(again.targets[:, :-1], again.tokens[:, 1:])
+    # example g is the window the order names, inputs and next-token targets
+    tokens = done.tokens
+    for g in (0, 5, n - 1, n + 3):
+        w = complete.chunks.order.window(7, g, n)
+        assert torch.equal(again.tokens[g], torch.from_numpy(tokens[w * length:(w + 1) * length]))
+    # resume (the state is the example count) and rank slices (skip) see exactly the same examples
+    resumed = CachedChunkStream(0, CachedChunks(done, length, block_tokens=block))
+    resumed.load_state_dict({"seed": 7, "examples": 64})
+    assert torch.equal(resumed.next_batch(32).tokens, grown[64:96])
+    r0 = CachedChunkStream(7, CachedChunks(done, length, block_tokens=block))
+    r1 = CachedChunkStream(7, CachedChunks(done, length, block_tokens=block))
+    r1.skip(16)
+    assert torch.equal(torch.cat([r0.next_batch(16).tokens, r1.next_batch(16).tokens]), grown[:32])
+
+
+def test_resume_through_the_runner_is_exact_on_the_cached_path(tmp_path, monkeypatch):
+    """pretrain on a local corpus through the token cache (forced: the in-memory limit set to 0, blocks of 20
+    windows): a run killed at step 3 and resumed from its step-2 checkpoint -- with its token cache deleted,
+    so tokenising starts over -- ends with the weights of an uninterrupted run."""
+    from posbench.runs import runner
+    from posbench.runs.config import resolve_run_config
+    from posbench.data import chunks, lm
+    from posbench.train import StopTraining
+
+    monkeypatch.setattr(lm, "IN_MEMORY_MAX_TOKENS", 0)
+    monkeypatch.setattr(chunks, "BLOCK_TOKENS", 64 * 20)
+    corpus = _corpus(tmp_path, n_files=2, docs=40, mean_words=150)
+    sets = ["steps=6", "checkpoint_every=2", "task.eval_tokens=2048"]
+    cfg = lambda: resolve_run_config("pretrain", "rope", "tiny", sets=sets, task_flags={"data": str(corpus)})
+    whole = runner.execute(cfg(), tmp_path / "a").record.to_dict()
+    assert whole["data"]["train"]["cache"] and whole["data"]["train"]["complete"]
+
+    def kill(step, model, loss):
+        if step == 3:
+            raise StopTraining
+
+    token_cache._OPEN.clear()
+    with pytest.raises(StopTraining):
+        runner.execute(cfg(), tmp_path / "b", callbacks=(kill,))
+    import shutil
+
+    shutil.rmtree(os.environ["POSBENCH_CACHE"])
+    token_cache._OPEN.clear()
+    killed = next((tmp_path / "b" / "pretrain" / "rope").iterdir())
+    resumed = runner.resume(killed).record.to_dict()
+    assert resumed["training"]["resumed_from"] == [2]
+    assert resumed["model"]["checkpoint_sha256"] == whole["model"]["checkpoint_sha256"]
+    assert resumed["metrics"]["val_ppl"]["value"] == whole["metrics"]["val_ppl"]["value"]
