@@ -14,6 +14,26 @@ from pathlib import Path
 
 import numpy as np
 
+#: the start of the scripts that measure a subprocess's memory: the repository on the path, and the process's
+#: current (VmRSS) and peak (VmHWM) resident memory in MB. resource.getrusage(RUSAGE_SELF).ru_maxrss is no use
+#: in a subprocess: Linux carries the parent's maximum across fork + exec (a child of a 1.5 GB pytest reports
+#: 1.5 GB), so it is recorded beside VmHWM only.
+MEASURE = """
+import json, os, resource, sys, time
+sys.path.insert(0, os.environ["POSBENCH_REPO"])
+
+def _status_mb(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+
+def rss_mb():
+    return _status_mb("VmRSS")
+
+def peak_mb():
+    return _status_mb("VmHWM")
+"""
+
 SYLLABLES = ("ka", "to", "ri", "ne", "sa", "mo", "lu", "pe", "di", "ra", "vo", "shi", "en", "al", "or", "us",
              "th", "qu", "an", "el", "in", "ob", "ur", "ex")
 

@@ -19,28 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from data_standins import documents, write_c4
+from data_standins import MEASURE, documents, write_c4
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_BUDGET = 10_000 * 512 * 1024 + 1
 
-FIRST_BATCH = textwrap.dedent("""
-    import json, os, resource, sys, time
-    sys.path.insert(0, os.environ["POSBENCH_REPO"])
-
-    def _status_mb(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-
-    def rss_mb():
-        return _status_mb("VmRSS")
-
-    def peak_mb():
-        # this process's own high-water mark (VmHWM); resource.getrusage(RUSAGE_SELF).ru_maxrss is no use in a
-        # subprocess: Linux carries the parent's maximum across fork + exec (a child of a 1.5 GB pytest reports
-        # 1.5 GB), so it is recorded beside it only
-        return _status_mb("VmHWM")
+FIRST_BATCH = MEASURE + textwrap.dedent("""
 
     marks = {}
     from posbench.data import documents
@@ -91,26 +75,10 @@ FIRST_BATCH = textwrap.dedent("""
     print("RESULT " + json.dumps(marks))
 """)
 
-CACHE_ONLY = textwrap.dedent("""
-    import json, os, resource, sys
-    sys.path.insert(0, os.environ["POSBENCH_REPO"])
+CACHE_ONLY = MEASURE + textwrap.dedent("""
     from posbench.data import token_cache
     from posbench.data.sources import open_source
     from posbench.data.tokenizer import ByteTokenizer
-
-    def _status_mb(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-
-    def rss_mb():
-        return _status_mb("VmRSS")
-
-    def peak_mb():
-        # this process's own high-water mark (VmHWM); resource.getrusage(RUSAGE_SELF).ru_maxrss is no use in a
-        # subprocess: Linux carries the parent's maximum across fork + exec (a child of a 1.5 GB pytest reports
-        # 1.5 GB), so it is recorded beside it only
-        return _status_mb("VmHWM")
 
     src = open_source(sys.argv[1])
     next(iter(src.documents("train")))                  # datasets imported and warmed up

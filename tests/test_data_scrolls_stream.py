@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from data_standins import write_scrolls_zip
+from data_standins import MEASURE, write_scrolls_zip
 from posbench.runs.config import resolve_run_config
 from posbench.data import DataError, hub
 from posbench.data import scrolls_data as sd
@@ -106,24 +106,8 @@ def test_cutting_documents_on_load_changes_no_prompt(tmp_path, side):
     assert cut[0].extra["input_chars"] == len(full[0].input)
 
 
-MEMORY = textwrap.dedent("""
-    import json, os, resource, sys, time
-    sys.path.insert(0, os.environ["POSBENCH_REPO"])
+MEMORY = MEASURE + textwrap.dedent("""
     from posbench.runs.config import resolve_run_config
-
-    def _status_mb(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-
-    def rss_mb():
-        return _status_mb("VmRSS")
-
-    def peak_mb():
-        # this process's own high-water mark (VmHWM); resource.getrusage(RUSAGE_SELF).ru_maxrss is no use in a
-        # subprocess: Linux carries the parent's maximum across fork + exec (a child of a 1.5 GB pytest reports
-        # 1.5 GB), so it is recorded beside it only
-        return _status_mb("VmHWM")
 
     from posbench.tasks.scrolls import Scrolls
 

@@ -21,6 +21,7 @@ from posbench.data.chunks import BlockOrder, CachedChunks
 from posbench.data.lm import corpus_tokens, token_stream, uses_token_cache
 from posbench.data.sources import open_source
 from posbench.data.tokenizer import BPETokenizer, ByteTokenizer
+from posbench.files import json_object
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -125,14 +126,14 @@ def test_a_killed_tokenisation_resumes_exactly(tmp_path, cache_dir):
     proc = _spawn_producer(corpus, cache_dir)
     directory = _cache_dir_of(cache_dir)
     for _ in range(1200):                                  # let it commit a few batches, then kill -9 it
-        progress = token_cache._read_json(directory / "progress.json")
+        progress = json_object(directory / "progress.json")
         if progress and progress["tokens"] > 100_000:
             break
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (directory / "complete.json").exists(), "the producer finished before it could be killed"
-    committed = token_cache._read_json(directory / "progress.json")["tokens"]
+    committed = json_object(directory / "progress.json")["tokens"]
     assert 0 < committed < len(reference.tokens)
     with open(directory / "tokens.bin", "ab") as f:       # a torn write past the last commit
         f.write(b"\xff" * 1001)
