@@ -63,7 +63,7 @@ class PositionalEncoding(nn.Module):
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
-    #: the valid range of each non-boolean option (``Bound`` for numbers, ``OneOf`` for names)
+    #: the valid range of each non-boolean option (``Bound`` for numbers, ``OneOf`` for names, ``Each`` for lists)
     limits: ClassVar[dict[str, Bound | OneOf]] = {}
     #: logits are unchanged when every position is shifted by a constant (at eval)
     relative: ClassVar[bool] = False
