@@ -62,6 +62,17 @@ def tokens(batch: int, n: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, n), generator=torch.Generator().manual_seed(seed))
 
 
+def digit_rich(batch: int, n: int, seed: int = 1, share: float = 2 / 3) -> torch.Tensor:
+    """Random tokens of which about ``share`` are digits (``TASK_CONTEXT["digit_ids"]``): numbers of several
+    digits, for tests of encodings that read digits (Abacus). The last token of every row is a digit."""
+    g = torch.Generator().manual_seed(seed)
+    digits = torch.tensor(TASK_CONTEXT["digit_ids"])
+    x = torch.randint(0, VOCAB, (batch, n), generator=g)
+    is_digit = torch.rand(batch, n, generator=g) < share
+    is_digit[:, -1] = True
+    return torch.where(is_digit, digits[torch.randint(0, 10, (batch, n), generator=g)], x)
+
+
 def seeded(fn, *args, seed: int = 0, **kwargs):
     """Call ``fn`` with torch's and Python's RNG reset, so random positions (RandPE, TAPE offset) repeat."""
     torch.manual_seed(seed)
