@@ -226,8 +226,8 @@ def fill_task_context(task_cls: Any, encoding: str | None, encoding_cls: Any, se
 
         helps = getattr(encoding_cls, "task_context_help", {})
         what = ", ".join(f"{key} ({helps[key]})" if key in helps else key for key in missing)
-        givers = [name for name in TASKS
-                  if all(key in TASKS[name].encoding_context(dict(TASKS[name].options)) for key in needed)]
+        givers = [name for name in TASKS if TASKS[name].needs_model       # (bench builds its own models)
+                  and all(key in TASKS[name].encoding_context(dict(TASKS[name].options)) for key in needed)]
         raise ConfigError(f"encoding '{encoding}' needs {what}, which task '{task_cls.name}' does not give "
                           f"(tasks that do: {', '.join(givers) or 'none'})")
     sections["encoding"].update({key: context[key] for key in needed})
