@@ -306,3 +306,28 @@ def test_bench_times_it(tmp_path):
         cells = {c["encoding"]: c for c in record.bench["cells"]}
         assert cells["abacus"]["status"] == "ok", cells["abacus"]["error"]
         assert cells["abacus"]["params"] > cells["rope"]["params"]      # its table
+
+
+def test_a_transformers_cache_continues_the_count(tmp_path, capsys):
+    """An exported Abacus model under transformers: a forward pass in pieces through a DynamicCache (cut inside
+    numbers) gives the one-pass logits, and cached generation equals recomputation (the digit run is kept on
+    the cache object, as posbench's KVCache.memory)."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from test_hf_export import export, fake_run, logits
+
+    digits = [ord(str(d)) for d in range(10)]                    # a byte tokenizer's digits
+    out = export(capsys, fake_run(tmp_path, "abacus", digit_ids=digits), tmp_path / "out")
+    hf = AutoModelForCausalLM.from_pretrained(str(out))
+    x = torch.tensor([list(b"1234+56789=97531"), list(b"98765+4321=02468")])
+    cache = DynamicCache(config=hf.config)
+    with torch.no_grad():
+        parts = [hf(input_ids=x[:, :3], past_key_values=cache).logits,
+                 hf(input_ids=x[:, 3:8], past_key_values=cache).logits,
+                 hf(input_ids=x[:, 8:9], past_key_values=cache).logits,
+                 hf(input_ids=x[:, 9:], past_key_values=cache).logits]
+    assert_close(torch.cat(parts, 1), logits(hf, x))
+    cached = hf.generate(x[:, :12], max_new_tokens=8, do_sample=False)
+    full = hf.generate(x[:, :12], max_new_tokens=8, do_sample=False, use_cache=False)
+    assert torch.equal(cached, full)
