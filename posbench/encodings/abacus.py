@@ -25,8 +25,9 @@ left in the cache's ``memory`` (and, while training, each row's offset k), so a 
 the number it extends: cached decoding equals recomputation.
 
 Where we differ from the released code, and why:
-- ``max_k`` (default 99) is the largest offset: k ~ U{0..max_k} (the released code: ``random.randint(0,
-  max_k)``, max_k = 99, so the first digit sits at 1..100, the paper's "k = 100"). Range >= 0.
+- ``max_k`` (default 99) is the largest offset: k ~ U{0..max_k}, as the released code's
+  ``random.randint(0, max_k)`` with its default max_k = 99 ("99 as we add it on after", its comment says),
+  so the first digit of a training number sits at 1..100: the paper's k = 100. Range >= 0.
 - ``per_example`` (default True): one k per example, drawn with torch's generator on the tokens' device (no
   Python ``random``, no host sync, no graph break). The released code draws ONE k per forward pass (Python
   ``random.randint``) shared by the whole batch; ``per_example=false`` does that (still with torch's generator).
