@@ -116,7 +116,7 @@ def offsets(pe, text: str, rows: int) -> torch.Tensor:
 
 def test_the_offset_is_in_range_one_per_example_and_uniform():
     torch.manual_seed(0)
-    pe = model(max_k=3).encoding
+    pe = model(max_k=3, per_example=True).encoding
     k = offsets(pe, "123+4567=", 4000)
     assert int(k.min()) >= 0 and int(k.max()) <= 3
     counts = torch.bincount(k, minlength=4)
@@ -128,14 +128,14 @@ def test_the_default_offset_range_is_the_released_codes():
     """k ~ U{0..99} (mcleish7/arithmetic: random.randint(0, 99)), so the first digit sits at 1..100."""
     torch.manual_seed(1)
     pe = model().encoding
-    assert pe.options["max_k"] == 99
-    k = offsets(pe, "12+3=", 5000)
+    assert pe.options["max_k"] == 99 and pe.options["per_example"] is False
+    k = torch.cat([offsets(pe, "12+3=", 2) for _ in range(3000)])
     assert int(k.min()) == 0 and int(k.max()) == 99 and len(k.unique()) == 100
 
 
-def test_per_batch_offset_is_one_k_for_the_whole_batch():
+def test_by_default_one_k_for_the_whole_batch_as_the_released_code():
     torch.manual_seed(2)
-    pe = model(per_example=False).encoding
+    pe = model().encoding
     for _ in range(5):
         k = offsets(pe, "123+45=", 64)
         assert len(k.unique()) == 1

@@ -8,8 +8,8 @@ arithmetic task) has index 1, the next 2, and so on. The input of the first laye
     x_i = E_tok[t_i] + E_abacus[ min(a_i + k * [a_i > 0], R - 1) ],    a_i = [t_i is a digit] * (a_{i-1} + 1)
 
 with a learned table E_abacus of R = max_k + max_digits + 1 rows (row 0 is the one every non-digit token
-reads). While training, k ~ U{0..max_k} is drawn anew for every example of the batch (``per_example``) and
-added to every digit index of that example, so that rows up to max_k + (the training length of a number) are
+reads). While training, k ~ U{0..max_k} is drawn anew for every batch (or every example: ``per_example``) and
+added to every digit index, so that rows up to max_k + (the training length of a number) are
 trained and a longer number at evaluation still finds trained rows; at evaluation k = 0. The equation is
 written here from the paper's description and the authors' code (``abacus.py`` and
 ``cramming/architectures/embeddings.py`` of mcleish7/arithmetic, read at 55af9d5); the code below is ours.
@@ -24,13 +24,14 @@ With a KV cache one forward pass sees only the new tokens; the run length at the
 left in the cache's ``memory`` (and, while training, each row's offset k), so a digit continues the count of
 the number it extends: cached decoding equals recomputation.
 
-Where we differ from the released code, and why:
+Choices the paper leaves open, and where we differ from the released code:
 - ``max_k`` (default 99) is the largest offset: k ~ U{0..max_k}, as the released code's
   ``random.randint(0, max_k)`` with its default max_k = 99 ("99 as we add it on after", its comment says),
   so the first digit of a training number sits at 1..100: the paper's k = 100. Range >= 0.
-- ``per_example`` (default True): one k per example, drawn with torch's generator on the tokens' device (no
-  Python ``random``, no host sync, no graph break). The released code draws ONE k per forward pass (Python
-  ``random.randint``) shared by the whole batch; ``per_example=false`` does that (still with torch's generator).
+- ``per_example`` (default False): the paper does not say whether k is drawn per example or per batch; the
+  released code draws ONE k per forward pass (Python ``random.randint``) shared by the whole batch, and so do
+  we by default (with torch's generator on the tokens' device: no Python ``random``, no host sync, no graph
+  break). ``per_example=true`` draws one k per example instead.
 - ``max_digits`` (default 0: the model's ``max_seq_len``; a number can be no longer than the training
   sequence) sets the table to max_k + max_digits + 1 rows, so every digit of a number of up to max_digits
   digits has its own row, offset included. A digit further into its number (possible only at a length beyond
@@ -54,7 +55,7 @@ class Abacus(PositionalEncoding):
     name = "abacus"
     description = "learned embedding of each digit's place in its number, random offset in training (arithmetic)"
     relative = False
-    defaults = {"digit_ids": [], "max_k": 99, "max_digits": 0, "per_example": True}
+    defaults = {"digit_ids": [], "max_k": 99, "max_digits": 0, "per_example": False}
     limits = {"digit_ids": Each(at_least(0), min_items=0), "max_k": at_least(0), "max_digits": at_least(0)}
     task_context = ("digit_ids",)
     #: what each task-given option is, for the one-line refusal on a task that cannot give it
@@ -92,7 +93,7 @@ class Abacus(PositionalEncoding):
         return torch.where(is_digit, run, 0)
 
     def draw_offset(self, batch: int, device: torch.device) -> Tensor:
-        """k ~ U{0..max_k}: ``[B, 1]``, one per example (or one for the batch, ``per_example=false``)."""
+        """k ~ U{0..max_k}: ``[B, 1]``, one for the whole batch (the default) or one per example (``per_example``)."""
         rows = batch if self.options["per_example"] else 1
         k = torch.randint(0, self.options["max_k"] + 1, (rows, 1), device=device)
         return k.expand(batch, 1)
