@@ -23,6 +23,10 @@ needs. Scale 1/sqrt(D); softmax in float32 (at least) on the eager path.
   #159247, #153799), and posbench's batches come at any length.
 - ``flash_attn``: the flash-attn package (CUDA, fp16/bf16, no bias); wide values split as ``sdpa_split``.
 - ``auto``: the fastest backend valid for the bias, the device, the head size and whether gradients are needed.
+
+A contextual bias (``contextual=True``: CoPE's and DAPE's, computed from q and k by the encoding) exists only
+as a tensor that carries gradients to q and k; no fused kernel can take it, so it runs on ``sdpa`` (a float
+mask), ``sdpa_split`` or ``eager``, and a request for ``flex`` or ``flash_attn`` is a one-line error.
 """
 
 from __future__ import annotations
@@ -243,8 +247,11 @@ def flash_attn_backend(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, 
 
 
 def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool, head_dim: int = 64,
-                   value_dim: int | None = None, n_queries: int | None = None) -> list[str]:
-    """Backends that can run this attention, fastest first; ``auto`` picks the first."""
+                   value_dim: int | None = None, n_queries: int | None = None, contextual: bool = False) -> list[str]:
+    """Backends that can run this attention, fastest first; ``auto`` picks the first. ``contextual``: the bias
+    is a tensor computed from q and k (only backends that take a materialised bias)."""
+    if contextual:
+        return ["sdpa", "sdpa_split", "eager"]
     value_dim = head_dim if value_dim is None else value_dim
     cuda = device.type == "cuda"
     flex_ok = FLEX_AVAILABLE and (cuda or not needs_grad) and \
@@ -262,14 +269,17 @@ def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool, head_
 
 
 def resolve_backend(name: str, has_bias: bool, device: torch.device, needs_grad: bool, head_dim: int = 64,
-                    value_dim: int | None = None, n_queries: int | None = None) -> str:
-    valid = valid_backends(has_bias, device, needs_grad, head_dim, value_dim, n_queries)
+                    value_dim: int | None = None, n_queries: int | None = None, contextual: bool = False) -> str:
+    valid = valid_backends(has_bias, device, needs_grad, head_dim, value_dim, n_queries, contextual)
     if name == "auto":
         return valid[0]
     if name not in BACKENDS:
         raise BackendError(f"unknown attention backend '{name}'; valid: auto, {', '.join(sorted(BACKENDS))}")
     if name not in valid:
-        if name == "flash_attn":
+        if contextual:
+            why = (f"the encoding's logit bias is computed from the queries and keys, so it exists only as a tensor "
+                   f"(valid: {', '.join(valid)})")
+        elif name == "flash_attn":
             why = "it needs flash-attn, CUDA and no logit bias"
         elif device.type == "cuda":
             why = f"FlexAttention needs a head size of at least {FLEX_MIN_HEAD_DIM} on CUDA"
@@ -280,11 +290,12 @@ def resolve_backend(name: str, has_bias: bool, device: torch.device, needs_grad:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, bias: Bias = None, backend_name: str = "auto", *,
-           q_pos: Tensor | None = None, k_pos: Tensor | None = None) -> Tensor:
+           q_pos: Tensor | None = None, k_pos: Tensor | None = None, contextual: bool = False) -> Tensor:
+    """``contextual``: ``bias`` is a tensor computed from q and k (see the module docstring)."""
     needs_grad = torch.is_grad_enabled() and (
         any(t.requires_grad for t in (q, k, v)) or
         (isinstance(bias, Tensor) and bias.requires_grad) or
         (isinstance(bias, ScoreBias) and any(t.requires_grad for t in bias.tensors)))
     name = resolve_backend(backend_name, bias is not None, q.device, needs_grad, q.shape[-1], v.shape[-1],
-                           q.shape[-2])
+                           q.shape[-2], contextual)
     return BACKENDS[name](q, k, v, bias, q_pos, k_pos)

@@ -2,7 +2,9 @@
 
 Each layer caches its (rotated) keys, its values and, appended to them, whatever the encoding aggregates
 with the values (TAPE's per-token state at that layer's input), plus the key positions for position-dependent
-biases. Because every positional state is causal, a cached token's entries never change, so a new token costs
+biases. A bias computed from q and k (CoPE, DAPE) is computed anew for the new queries against every cached
+key. ``KVCache.memory`` is the encoding's own dict between calls (Abacus: each row's digit run at the last
+token, so a digit continues the count of the number it extends). Because every positional state is causal, a cached token's entries never change, so a new token costs
 one token of work. The buffers are allocated once for the whole generation (prompt + new tokens) and written
 in place; a cache used past its capacity doubles it (amortised, never per token).
 """
@@ -67,6 +69,7 @@ class KVCache:
     capacity: int = 0
     length: int = 0
     layers: list[LayerCache] = field(default_factory=list)
+    memory: dict[str, Tensor] = field(default_factory=dict)     # the encoding's, between calls
 
     def __post_init__(self):
         self.layers = [LayerCache(self.capacity) for _ in range(self.n_layers)]

@@ -77,7 +77,11 @@ class Attention(nn.Module):
             k, v, k_pos = cache.append(k, v, positions)
         if shared_rows(q_pos) and shared_rows(k_pos):         # rows share their positions: one bias for all
             q_pos, k_pos = q_pos[:1], k_pos[:1]
-        y = attend(q, k, v, pe.score_bias(self.layer), self.backend, q_pos=q_pos, k_pos=k_pos)
+        if pe.has_context_bias:                     # computed from q and every key: a tensor
+            bias = pe.context_bias(self.layer, q, k, q_pos, k_pos)
+        else:
+            bias = pe.score_bias(self.layer)
+        y = attend(q, k, v, bias, self.backend, q_pos=q_pos, k_pos=k_pos, contextual=pe.has_context_bias)
         y, aggregated = y[..., :self.head_dim], y[..., self.head_dim:]
         if extra is not None:
             state = pe.after_attention(self.layer, state, aggregated)
@@ -144,6 +148,7 @@ class Transformer(nn.Module):
             positions = torch.arange(start, start + n, device=tokens.device)
         positions = positions.to(tokens.device).expand(b, n) if positions.dim() == 1 else positions
         state = self.encoding.init_state(positions)
+        state = self.encoding.read_tokens(tokens, state, cache.memory if cache is not None else None)
         x = self.encoding.embed(self.embed(tokens), state)
         for i, block in enumerate(self.blocks):
             x, state = block(x, state, positions, self.encoding, cache.layers[i] if cache is not None else None)

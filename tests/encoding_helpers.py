@@ -21,16 +21,28 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-BUILTIN = ["alibi", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
+BUILTIN = ["abacus", "alibi", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
 VOCAB = 50
+#: what a task would give an encoding that names these options in its ``task_context``: for the random tokens
+#: of ``tokens()``, ten ids of the vocabulary are the digits 0-9 (a fifth of the tokens, so runs of digits occur)
+TASK_CONTEXT = {"digit_ids": [4, 5, 6, 7, 8, 9, 10, 11, 12, 13]}
+
+
+def task_context(encoding: str) -> dict:
+    """The options only a task can give, for ``encoding`` (Abacus: ``digit_ids``), as ``TASK_CONTEXT`` has them."""
+    from posbench.encodings import ENCODINGS
+
+    return {key: TASK_CONTEXT[key] for key in ENCODINGS[encoding].task_context}
 
 
 def tiny(encoding: str, *, layers: int = 2, d_model: int = 32, heads: int = 4, max_seq_len: int = 16,
          init_std: float = 0.2, seed: int = 0, perturb: bool = True, **config) -> Transformer:
     """A tiny model. ``init_std`` 0.2 (not 0.02) makes positional effects large compared with float32 noise,
     so that a test of "this changes the logits" cannot pass by rounding. TAPE's zero-initialised updates
-    are perturbed unless ``perturb=False`` (a zero update cannot show a caching or causality bug)."""
+    are perturbed unless ``perturb=False`` (a zero update cannot show a caching or causality bug). An encoding
+    that needs options from its task (Abacus's ``digit_ids``) gets ``task_context(encoding)``."""
     torch.manual_seed(seed)
+    config["encoding_options"] = {**task_context(encoding), **config.get("encoding_options", {})}
     model = Transformer(ModelConfig(vocab_size=VOCAB, d_model=d_model, n_layers=layers, n_heads=heads,
                                     max_seq_len=max_seq_len, encoding=encoding, init_std=init_std, **config))
     if perturb and encoding == "tape":
@@ -50,6 +62,17 @@ def tokens(batch: int, n: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, n), generator=torch.Generator().manual_seed(seed))
 
 
+def digit_rich(batch: int, n: int, seed: int = 1, share: float = 2 / 3) -> torch.Tensor:
+    """Random tokens of which about ``share`` are digits (``TASK_CONTEXT["digit_ids"]``): numbers of several
+    digits, for tests of encodings that read digits (Abacus). The last token of every row is a digit."""
+    g = torch.Generator().manual_seed(seed)
+    digits = torch.tensor(TASK_CONTEXT["digit_ids"])
+    x = torch.randint(0, VOCAB, (batch, n), generator=g)
+    is_digit = torch.rand(batch, n, generator=g) < share
+    is_digit[:, -1] = True
+    return torch.where(is_digit, digits[torch.randint(0, 10, (batch, n), generator=g)], x)
+
+
 def seeded(fn, *args, seed: int = 0, **kwargs):
     """Call ``fn`` with torch's and Python's RNG reset, so random positions (RandPE, TAPE offset) repeat."""
     torch.manual_seed(seed)
@@ -64,7 +87,7 @@ def run_layers(model: Transformer, toks: torch.Tensor, positions: torch.Tensor |
         positions = torch.arange(n)
     positions = positions.expand(b, n) if positions.dim() == 1 else positions
     pe = model.encoding
-    state = pe.init_state(positions)
+    state = pe.read_tokens(toks, pe.init_state(positions), None)
     x = pe.embed(model.embed(toks), state)
     states = []
     for block in model.blocks:

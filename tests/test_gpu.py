@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import posbench.attention as attention
 from posbench.model import ModelConfig, Transformer
 
-from encoding_helpers import BUILTIN, perturb_tape
+from encoding_helpers import BUILTIN, perturb_tape, task_context
 
 pytestmark = pytest.mark.gpu
 
@@ -31,7 +31,8 @@ def gpu_model(encoding: str, backend: str, *, layers: int = 2, d_model: int = 12
               max_seq_len: int = 128, dtype=torch.float32) -> Transformer:
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=64, d_model=d_model, n_layers=layers, n_heads=heads,
-                                    max_seq_len=max_seq_len, encoding=encoding, attention=backend, init_std=0.1))
+                                    max_seq_len=max_seq_len, encoding=encoding, attention=backend, init_std=0.1,
+                                    encoding_options=task_context(encoding)))
     if encoding == "tape":
         perturb_tape(model, std=0.1)
     if encoding in ("fire", "t5"):                       # make the learnable biases non-trivial

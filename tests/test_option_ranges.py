@@ -7,9 +7,9 @@ import pytest
 
 from posbench.cli import main
 from posbench.encodings import ENCODINGS
-from posbench.encodings.options import Bound, OneOf
+from posbench.encodings.options import Bound, Each, OneOf
 
-BUILTIN = ["alibi", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
+BUILTIN = ["abacus", "alibi", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -20,7 +20,7 @@ def test_every_non_boolean_option_has_a_range(name):
             continue
         assert key in cls.limits, f"{name}.{key} states no valid range"
         limit = cls.limits[key]
-        assert isinstance(limit, (Bound, OneOf))
+        assert isinstance(limit, (Bound, OneOf, Each))
         assert limit.admits(default), f"{name}.{key}'s default {default!r} is outside {limit.describe()}"
     assert set(cls.limits) <= set(cls.defaults)
 

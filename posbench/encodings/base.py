@@ -4,11 +4,14 @@ An encoding is one ``PositionalEncoding`` subclass with a ``name``; defining the
 The model calls these hooks, in this order, and knows nothing else about any encoding:
 
     state = pe.init_state(positions)                    # once per forward pass; positions [B, N]
+    state = pe.read_tokens(tokens, state, memory)       # Abacus: a state that depends on the token ids
     x = pe.embed(x, state)                              # absolute encodings add to the embeddings
     for each layer l:
         q, k = pe.rotate(l, q, k, state)                # RoPE, xPos, TAPE transform q and k
         extra = pe.state_values(l, state)               # TAPE: tensors aggregated like values
-        bias = pe.score_bias(l)                         # ALiBi, FIRE, T5: an element-wise logit bias
+        (a KV cache appends k and v: from here k holds every key the queries may see)
+        bias = pe.context_bias(l, q, k, q_pos, k_pos)   # CoPE, DAPE: a logit bias computed from q and k,
+            or pe.score_bias(l)                         # ALiBi, FIRE, T5: an element-wise logit bias
         ... attention over [v | extra] with the same weights, plus the bias ...
         state = pe.after_attention(l, state, aggregated_extra)
         state = pe.after_mlp(l, state, mlp_output)
@@ -16,6 +19,19 @@ The model calls these hooks, in this order, and knows nothing else about any enc
 A logit bias is a ``posbench.bias.ScoreBias``: a function of (head, query position, key position) and the
 encoding's own tensors, written once; the attention backend evaluates it inside its kernel (FlexAttention on
 a GPU) or broadcasts it into a tensor (eager, SDPA). ``bias(l, q_pos, k_pos)`` returns that tensor.
+
+A contextual bias (``context_bias``) depends on the queries and keys themselves: CoPE counts gates
+sigmoid(q_i . k_j), DAPE runs an MLP over every head's q_i . k_j and base bias. It is returned as the tensor
+``[B, H, Nq, Nk]`` (causal and bottom-right aligned like attention: query i is the (Nk - Nq + i)-th key), so it
+cannot live in a fused kernel: attention then runs on a backend that takes a tensor (eager, or SDPA with a
+float mask), ``auto`` picks one, and an explicit request for another is a one-line ``BackendError``. An
+encoding defines ``score_bias`` or ``context_bias``, not both (``has_bias`` / ``has_context_bias`` say which).
+
+Token ids. ``read_tokens(tokens, state, memory)`` sees the token ids ``[B, N]`` of the forward pass. With a KV
+cache, one forward pass sees only the new tokens: ``memory`` is a dict the cache keeps for the encoding between
+its calls (None without a cache), where it leaves what the next tokens need (Abacus: each row's digit run at
+the last token). Options that only a task can give (Abacus's ``digit_ids``) are named in ``task_context``;
+the run configuration fills them from ``Task.encoding_context()``.
 
 Static encodings leave the state unchanged. Each encoding must put exactly one position signal into
 the model (NoPE none). Options are declared in ``defaults`` (value and type) and ``limits`` (valid range of
@@ -47,16 +63,23 @@ class PositionalEncoding(nn.Module):
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
-    #: the valid range of each non-boolean option (``Bound`` for numbers, ``OneOf`` for names)
+    #: the valid range of each non-boolean option (``Bound`` for numbers, ``OneOf`` for names, ``Each`` for lists)
     limits: ClassVar[dict[str, Bound | OneOf]] = {}
     #: logits are unchanged when every position is shifted by a constant (at eval)
     relative: ClassVar[bool] = False
     #: adds a logit bias (set automatically: the class overrides ``score_bias``)
     has_bias: ClassVar[bool] = False
+    #: adds a logit bias computed from q and k (set automatically: the class overrides ``context_bias``)
+    has_context_bias: ClassVar[bool] = False
+    #: options only a task can give (``Task.encoding_context()`` fills them), e.g. ``("digit_ids",)``
+    task_context: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.has_bias = cls.score_bias is not PositionalEncoding.score_bias
+        cls.has_context_bias = cls.context_bias is not PositionalEncoding.context_bias
+        if cls.has_bias and cls.has_context_bias:
+            raise TypeError(f"encoding '{cls.name}' defines both score_bias and context_bias; define one")
         ENCODINGS.add_subclass(cls)
 
     def __init__(self, n_layers: int, n_heads: int, head_dim: int, d_model: int, max_seq_len: int,
@@ -86,6 +109,12 @@ class PositionalEncoding(nn.Module):
         """Build the positional state for token positions ``[B, N]`` (absolute, cache offset included)."""
         return None
 
+    def read_tokens(self, tokens: Tensor, state: Any, memory: dict[str, Tensor] | None) -> Any:
+        """The state once the token ids ``[B, N]`` are known (Abacus). ``memory``: the KV cache's dict for this
+        encoding, kept between cached calls (None without a cache); read what earlier calls left, write what
+        later ones need."""
+        return state
+
     def embed(self, x: Tensor, state: Any) -> Tensor:
         return x
 
@@ -95,6 +124,13 @@ class PositionalEncoding(nn.Module):
 
     def score_bias(self, layer: int) -> ScoreBias | None:
         """This layer's logit bias as an element-wise function (see ``posbench.bias``), or None."""
+        return None
+
+    def context_bias(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """This layer's logit bias computed from the (rotated) queries ``[B, H, Nq, D]`` and every key they may
+        see ``[B, H, Nk, D]`` (cached keys included; query i is the (Nk - Nq + i)-th key), as a tensor
+        ``[B or 1, H, Nq, Nk]`` of at least float32; positions ``[B or 1, Nq]``, ``[B or 1, Nk]``. Entries right
+        of the causal diagonal are ignored; no value left of it may depend on them."""
         return None
 
     def state_values(self, layer: int, state: Any) -> Tensor | None:

@@ -174,17 +174,21 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
 
 
 class CacheView:
-    """posbench's KV-cache interface (``length``, ``layers[i].append(k, v, positions)``) over a transformers
-    ``Cache``: keys and values go to ``cache.update``; the key positions (for position-dependent biases) are
-    kept on the cache object next to them."""
+    """posbench's KV-cache interface (``length``, ``layers[i].append(k, v, positions)``, ``memory``) over a
+    transformers ``Cache``: keys and values go to ``cache.update``; the key positions (for position-dependent
+    biases) and the encoding's memory (Abacus: each row's digit run) are kept on the cache object next to them."""
 
     ATTRIBUTE = "_posbench_key_positions"
+    MEMORY = "_posbench_encoding_memory"      # the encoding's dict between calls (posbench's KVCache.memory)
 
     def __init__(self, cache, n_layers: int):
         self.cache = cache
         self.length = int(cache.get_seq_length())
         self.layers = [LayerView(self, i) for i in range(n_layers)]
         self._keys: Tensor | None = None
+        if self.length == 0 or getattr(cache, self.MEMORY, None) is None:
+            setattr(cache, self.MEMORY, {})
+        self.memory: dict[str, Tensor] = getattr(cache, self.MEMORY)
 
     def key_positions(self, positions: Tensor, total: int) -> Tensor:
         """Positions of every cached key ``[B or 1, total]``: the earlier ones, then ``positions``."""

@@ -11,7 +11,9 @@ A run's configuration has four sections, each a flat dict of typed keys:
 
 Resolution, in one place (``resolve_run_config``): built-in defaults, the task's preset, the ``--init``
 model's architecture (resolved once into an ``InitSource``), flags (``--steps``, ``--data``...), ``--set``, the
-task's own adjustments (``Task.adjust``), then every key coerced and range-checked by ``posbench.options``.
+task's own adjustments (``Task.adjust``), the encoding options only the task can give (``Task.encoding_context``
+for the keys the encoding names in ``task_context``: Abacus's ``digit_ids``; refused in one line on a task that
+gives none), then every key coerced and range-checked by ``posbench.options``.
 ``--set`` accepts ``section.key=value`` or a bare ``key=value`` when the key exists in exactly one section.
 Errors are one line (``ConfigError``).
 """
@@ -188,8 +190,11 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
         if flag not in sections["task"]:
             raise ConfigError(f"task '{task}' takes no --{flag} option")
         apply_overrides(sections, {f"task.{flag}": value}, origin=f"--{flag}")
-    apply_overrides(sections, dict(parse_assignment(item) for item in sets), limits=limits)
+    assignments = dict(parse_assignment(item) for item in sets)
+    apply_overrides(sections, assignments, limits=limits)
     task_cls.adjust(sections, source)
+    fill_task_context(task_cls, encoding, encoding_cls, sections,
+                      {locate_key(sections, key) for key in assignments})
     checked = check_sections(task_cls, encoding_cls, sections)
     if logs:
         from posbench.loggers import validate
@@ -201,6 +206,31 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
                      init=str(init) if init is not None else None, source=source, model=checked["model"],
                      encoding_options=checked["encoding"], train=checked["train"], task_options=checked["task"],
                      logs=list(logs))
+
+
+def fill_task_context(task_cls: Any, encoding: str | None, encoding_cls: Any, sections: dict[str, dict[str, Any]],
+                      assigned: set[tuple[str, str]] = frozenset()) -> None:
+    """The encoding options only the task can give (those the encoding names in ``task_context``), from
+    ``Task.encoding_context``, into the ``encoding`` section; one line when the task gives none of them (Abacus
+    on a task whose tokens are not digits) or when ``--set`` names one (``assigned``: its (section, key)s)."""
+    needed = tuple(getattr(encoding_cls, "task_context", ()))
+    if not needed:
+        return
+    for key in needed:
+        if ("encoding", key) in assigned:
+            raise ConfigError(f"--set encoding.{key}: the task gives this option (its encoding_context), not --set")
+    context = task_cls.encoding_context(dict(sections["task"]))
+    missing = [key for key in needed if key not in context]
+    if missing:
+        from posbench.tasks import TASKS
+
+        helps = getattr(encoding_cls, "task_context_help", {})
+        what = ", ".join(f"{key} ({helps[key]})" if key in helps else key for key in missing)
+        givers = [name for name in TASKS if TASKS[name].needs_model       # (bench builds its own models)
+                  and all(key in TASKS[name].encoding_context(dict(TASKS[name].options)) for key in needed)]
+        raise ConfigError(f"encoding '{encoding}' needs {what}, which task '{task_cls.name}' does not give "
+                          f"(tasks that do: {', '.join(givers) or 'none'})")
+    sections["encoding"].update({key: context[key] for key in needed})
 
 
 def check_sections(task_cls: Any, encoding_cls: Any, sections: dict[str, dict[str, Any]]) -> dict[str, dict]:

@@ -201,6 +201,11 @@ class Arithmetic(Task):
     limits = {"train_digits": at_least(1), "eval_digits": at_least(0), "eval_samples": at_least(1),
               "eval_batch_size": at_least(1)}
 
+    @classmethod
+    def encoding_context(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The character tokenizer's ids of the digits 0-9 (Abacus embeddings count them)."""
+        return {"digit_ids": [TOKENIZER.id_of(str(d)) for d in range(10)]}
+
     @property
     def eval_digits(self) -> int:
         return self.opts["eval_digits"] or 2 * self.opts["train_digits"]

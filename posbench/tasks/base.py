@@ -29,7 +29,9 @@ Class attributes:
 Configuration hooks (class methods, called while the configuration is built): ``encodings()`` (the registry
 ``--encoding`` names: encodings, or extension methods), ``choose_encoding``, ``take_init`` (what an ``--init``
 model sets), ``adjust`` (settings derived from others, e.g. passkey's ``train_length`` is the model's
-``max_seq_len``) and ``label_for`` (the run's name in tables and directories).
+``max_seq_len``), ``encoding_context`` (encoding options only the task can give, e.g. the token ids of the
+digits, filled into every encoding that names them in its ``task_context``) and ``label_for`` (the run's name
+in tables and directories).
 
 Training data: ``train_stream()`` returns an object with ``next_batch(batch_size) -> posbench.data.batch.Batch``
 and a ``state_dict()`` / ``load_state_dict()`` pair (plain JSON) that captures the stream position, so
@@ -150,6 +152,14 @@ class Task:
     @classmethod
     def adjust(cls, sections: dict[str, dict[str, Any]], source: Any) -> None:
         """Settings that follow from others (after flags and ``--set``); default: none."""
+
+    @classmethod
+    def encoding_context(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Encoding options only this task can give, for the task options ``options`` (the ``task`` section,
+        adjusted): an encoding that names a key in its ``task_context`` gets this value, and a task that gives
+        none of them refuses the encoding before anything runs. Default: none. The arithmetic task gives
+        ``{"digit_ids": [...]}`` (its tokens for 0-9, which Abacus embeddings need)."""
+        return {}
 
     @classmethod
     def label_for(cls, encoding: str | None, source: Any, options: dict[str, Any]) -> str:

@@ -1,0 +1,118 @@
+"""Abacus embeddings (McLeish et al., 2024, "Transformers Can Do Arithmetic with the Right Embeddings",
+arXiv 2405.17399): a learned embedding of each digit's place inside its number, added to the input embeddings.
+
+Each token i gets a digit index a_i: 0 if it is not a digit, else one more than the previous token's index, so
+the first digit of a number (in the order the task writes its digits: least significant first in the
+arithmetic task) has index 1, the next 2, and so on. The input of the first layer is
+
+    x_i = E_tok[t_i] + E_abacus[ min(a_i + k * [a_i > 0], R - 1) ],    a_i = [t_i is a digit] * (a_{i-1} + 1)
+
+with a learned table E_abacus of R = max_k + max_digits + 1 rows (row 0 is the one every non-digit token
+reads). While training, k ~ U{0..max_k} is drawn anew for every batch (or every example: ``per_example``) and
+added to every digit index, so that rows up to max_k + (the training length of a number) are
+trained and a longer number at evaluation still finds trained rows; at evaluation k = 0. The equation is
+written here from the paper's description and the authors' code (``abacus.py`` and
+``cramming/architectures/embeddings.py`` of mcleish7/arithmetic, read at 55af9d5); the code below is ours.
+
+Digits are the token ids in ``digit_ids`` (the ids of 0-9 in the task's vocabulary). Only a task can know
+them: the option is named in ``task_context`` and the run configuration fills it from the task's
+``Task.encoding_context()`` (the arithmetic task gives its character tokenizer's ids 4-13); a task without
+digits refuses this encoding before anything runs, and building the encoding without ``digit_ids`` is an
+error.
+
+With a KV cache one forward pass sees only the new tokens; the run length at the last token of every row is
+left in the cache's ``memory`` (and, while training, each row's offset k), so a digit continues the count of
+the number it extends: cached decoding equals recomputation.
+
+Choices the paper leaves open, and where we differ from the released code:
+- ``max_k`` (default 99) is the largest offset: k ~ U{0..max_k}, as the released code's
+  ``random.randint(0, max_k)`` with its default max_k = 99 ("99 as we add it on after", its comment says),
+  so the first digit of a training number sits at 1..100: the paper's k = 100. Range >= 0.
+- ``per_example`` (default False): the paper does not say whether k is drawn per example or per batch; the
+  released code draws ONE k per forward pass (Python ``random.randint``) shared by the whole batch, and so do
+  we by default (with torch's generator on the tokens' device: no Python ``random``, no host sync, no graph
+  break). ``per_example=true`` draws one k per example instead.
+- ``max_digits`` (default 0: the model's ``max_seq_len``; a number can be no longer than the training
+  sequence) sets the table to max_k + max_digits + 1 rows, so every digit of a number of up to max_digits
+  digits has its own row, offset included. A digit further into its number (possible only at a length beyond
+  max_seq_len, or with a smaller max_digits) reads the last row: the index is clamped. The released code has
+  no such check: its ``nn.Embedding(1024)`` raises an IndexError on a CPU (a device-side assert on CUDA) past
+  row 1023. A clamp keeps the hook free of host syncs (a clear error would need one per forward pass).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from posbench.encodings.base import PositionalEncoding
+from posbench.encodings.options import Each, EncodingOptionError, at_least
+
+RUN, OFFSET = "abacus.run", "abacus.offset"     # keys of this encoding's entries in a KV cache's memory
+
+
+class Abacus(PositionalEncoding):
+    name = "abacus"
+    description = "learned embedding of each digit's place in its number, random offset in training (arithmetic)"
+    relative = False
+    defaults = {"digit_ids": [], "max_k": 99, "max_digits": 0, "per_example": False}
+    limits = {"digit_ids": Each(at_least(0), min_items=0), "max_k": at_least(0), "max_digits": at_least(0)}
+    task_context = ("digit_ids",)
+    #: what each task-given option is, for the one-line refusal on a task that cannot give it
+    task_context_help = {"digit_ids": "the token ids of the digits 0-9"}
+
+    @classmethod
+    def check_options(cls, options) -> None:
+        ids = options["digit_ids"]
+        if not ids:
+            raise EncodingOptionError("encoding 'abacus' needs digit_ids (the token ids of the digits 0-9), which "
+                                      "the task gives: it runs on tasks whose tokens are digits (posbench run "
+                                      "--task arithmetic)")
+        if len(ids) != 10 or len(set(ids)) != 10:
+            raise EncodingOptionError(f"encoding 'abacus' option digit_ids={ids!r}: expected the 10 distinct token "
+                                      f"ids of the digits 0-9")
+
+    def __init__(self, n_layers: int, n_heads: int, head_dim: int, d_model: int, max_seq_len: int, **options):
+        super().__init__(n_layers, n_heads, head_dim, d_model, max_seq_len, **options)
+        o = self.options
+        self.max_digits = o["max_digits"] or max_seq_len
+        self.rows = o["max_k"] + self.max_digits + 1
+        self.table = nn.Embedding(self.rows, d_model)
+        self.register_buffer("digits", torch.tensor(o["digit_ids"], dtype=torch.long), persistent=False)
+
+    # ---- the digit index --------------------------------------------------------------------------------
+    def digit_runs(self, tokens: Tensor, carry: Tensor | None = None) -> Tensor:
+        """``a_i`` of the module docstring for tokens ``[B, N]``: 0 for a non-digit, else the digit's place in
+        its number (1, 2, ...); ``carry [B]``: the run length just before the first token (a KV cache's)."""
+        is_digit = (tokens[..., None] == self.digits).any(-1)
+        index = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        last_other = torch.where(is_digit, -1, index).cummax(dim=1).values     # the last non-digit so far, or -1
+        run = index - last_other
+        if carry is not None:                          # a number continued from the cached tokens
+            run = run + torch.where(last_other < 0, carry[:, None], 0)
+        return torch.where(is_digit, run, 0)
+
+    def draw_offset(self, batch: int, device: torch.device) -> Tensor:
+        """k ~ U{0..max_k}: ``[B, 1]``, one for the whole batch (the default) or one per example (``per_example``)."""
+        rows = batch if self.options["per_example"] else 1
+        k = torch.randint(0, self.options["max_k"] + 1, (rows, 1), device=device)
+        return k.expand(batch, 1)
+
+    # ---- hooks --------------------------------------------------------------------------------------------
+    def read_tokens(self, tokens: Tensor, state, memory: dict[str, Tensor] | None) -> Tensor:
+        """The state: each token's row of the table ``[B, N]`` (offset included while training)."""
+        carry = memory.get(RUN) if memory is not None else None
+        runs = self.digit_runs(tokens, carry)
+        if memory is not None:
+            memory[RUN] = runs[:, -1]
+        if self.training:
+            offset = memory.get(OFFSET) if memory is not None else None
+            if offset is None:
+                offset = self.draw_offset(tokens.shape[0], tokens.device)
+                if memory is not None:
+                    memory[OFFSET] = offset
+            runs = torch.where(runs > 0, runs + offset, 0)
+        return runs.clamp(max=self.rows - 1)
+
+    def embed(self, x: Tensor, state: Tensor) -> Tensor:
+        return x + self.table(state).to(x.dtype)
