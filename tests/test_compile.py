@@ -17,7 +17,6 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from posbench.attention import attend
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 from encoding_helpers import BUILTIN, assert_close, seeded, tiny, tokens

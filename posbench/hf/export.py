@@ -22,7 +22,6 @@ overwritten. Loading needs ``transformers`` (and, for the posbench type, ``posbe
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass

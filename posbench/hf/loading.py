@@ -8,7 +8,6 @@ one-line :class:`HFModelError`. Weights load in bfloat16 on a GPU and in float32
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import torch
 
 from posbench.errors import UserError
+from posbench.files import json_object
 
 
 class HFModelError(UserError):
@@ -60,15 +60,6 @@ def local_files_only(name_or_path: str | Path) -> bool:
     if hub_offline():
         raise HFModelError(f"cannot load '{name_or_path}' from the Hugging Face hub offline: {LOCAL_HINT}")
     return False
-
-
-def json_object(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``, or None when there is none (missing, unreadable, not an object)."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def read_config_json(directory: Path) -> dict[str, Any] | None:

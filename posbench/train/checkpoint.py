@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.errors import UserError
-from posbench.files import atomic_save, atomic_write_json, read_json
+from posbench.files import atomic_save, atomic_write_json
 
 FORMAT = "posbench-train-state"
 VERSION = 1
