@@ -81,8 +81,11 @@ class Bench(Task):
         task = sections["task"]
         names = [e for e in task["encodings"] if e] or sorted(ENCODINGS)
         task["encodings"] = list(dict.fromkeys([BASELINE, *names]))      # ratios are to RoPE: always, first
+        from posbench.attention import check_encoding_backend
+
         for name in task["encodings"]:
-            ENCODINGS.get(name)                    # unknown names: one line, before anything runs
+            cls = ENCODINGS.get(name)              # unknown names: one line, before anything runs
+            check_encoding_backend(sections["model"]["attention"], name, cls.has_context_bias)
         if len(task["batch"]) != len(task["lengths"]):
             task["batch"] = task["batch"][:1] * len(task["lengths"])
 
