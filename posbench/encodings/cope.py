@@ -15,12 +15,17 @@ Where the paper leaves a choice open, this follows the released code (facebookre
 ``projects/cope/src/cope/context_position.py``):
 - the gates use the scaled logit q . k / sqrt(D) (the paper writes sigmoid(q^T k));
 - the position logit is divided by sqrt(D) together with q . k (the code's default; ``--cope-nodiv`` off);
-- positions are summed from the key to the query over the causally masked gates (flip, cumsum, flip), and the
-  interpolation is computed as the code does: the logits q . e[p] at every integer position p first (a
-  ``[B, H, Nq, npos_max]`` product), then each (i, j) gathers its floor and ceil entries and mixes them with
-  weight p - floor(p) (the gradient reaches the gates through that weight);
+- positions are summed from the key to the query over the causally masked gates, and the interpolation is
+  computed as the code does: the logits q . e[p] at every integer position p first (a ``[B, H, Nq, npos_max]``
+  product), then each (i, j) gathers its floor and ceil entries and mixes them with weight p - floor(p) (the
+  gradient reaches the gates through that weight);
 - one table e of shape ``[D, npos_max]`` per layer, shared by the heads, zero-initialised (so a fresh CoPE model
   is NoPE); ``npos_max`` defaults to ``max_seq_len + 1`` (every position a training sequence can reach).
+
+How it is computed (exactly that, with fewer passes over the N x N tensors): the scale goes on q before the
+product; q and k are taken in reverse order, so the masked gates need one forward cumsum and the finished bias one
+flip (the code flips the gates, sums and flips back); the table gets its last column repeated, so the upper
+neighbour is read by gathering the same floor index from the table shifted by one (no ceil, no second index).
 
 CoPE is the only position signal (the paper's language-model runs use it without RoPE), and the logits do not
 depend on the token positions at all, only on q and k: shifting every position changes nothing. The bias is
@@ -38,20 +43,29 @@ from posbench.encodings.base import PositionalEncoding
 from posbench.encodings.options import EncodingOptionError, at_least
 
 
+def reversed_positions(reversed_logits: Tensor, npos_max: int) -> Tensor:
+    """CoPE's positions with the queries and the keys both in reverse order: for the scaled logits
+    ``R[i', j'] = l[Nq-1-i', Nk-1-j']`` the sum from the key to the query is a plain cumulative sum along j'
+    (key j' is visible to query i' when j' >= i', bottom-right causal for any Nq <= Nk), clamped to
+    ``npos_max - 1``; zero for the keys a query may not see."""
+    gates = torch.sigmoid(reversed_logits).triu()
+    return gates.cumsum(-1).clamp(max=npos_max - 1)
+
+
 def cope_positions(gate_logits: Tensor, npos_max: int) -> Tensor:
     """Positions ``p_ij = sum_{t=j..i} sigmoid(l_it)`` from the scaled logits ``l [B, H, Nq, Nk]`` (bottom-right
     causal: query i is the (Nk - Nq + i)-th key), clamped to ``npos_max - 1``; zero right of the diagonal."""
-    nq, nk = gate_logits.shape[-2:]
-    gates = torch.sigmoid(gate_logits).tril(diagonal=nk - nq)        # the causal mask: later keys count 0
-    return gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos_max - 1)
+    return reversed_positions(gate_logits.flip(-2, -1), npos_max).flip(-2, -1)
 
 
 def interpolated_logits(pos_logits: Tensor, positions: Tensor) -> Tensor:
-    """``pos_logits [B, H, Nq, npos]`` (the logit at every integer position) read at fractional ``positions``
-    ``[B, H, Nq, Nk]``: the floor and ceil entries mixed linearly, weight ``p - floor(p)`` on the ceil."""
-    floor = positions.floor()
-    low = pos_logits.gather(-1, floor.long())
-    high = pos_logits.gather(-1, positions.ceil().long())
+    """``pos_logits [B, H, Nq, npos + 1]`` (the logit at every integer position, the last one repeated) read at
+    fractional ``positions`` ``[B, H, Nq, Nk]`` in [0, npos - 1]: the entries at floor(p) and floor(p) + 1
+    mixed linearly, weight ``p - floor(p)`` on the upper one (the paper's floor / ceil interpolation: at an
+    integer p the weight is 0)."""
+    floor = positions.long()                                  # positions >= 0: truncation is floor
+    low = pos_logits.gather(-1, floor)
+    high = pos_logits[..., 1:].gather(-1, floor)              # the entry at floor + 1, without an index pass
     return torch.lerp(low, high, positions - floor)
 
 
@@ -74,9 +88,11 @@ class CoPE(PositionalEncoding):
         self.pos_emb = nn.Parameter(torch.zeros(self.n_layers, self.head_dim, self.npos_max))
 
     def context_bias(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        # Queries and keys in reverse order (a flip of [*, N, D], cheap): the sum from the key to the query is a
+        # forward cumsum, and one flip of the finished bias puts it back (one N x N flip instead of two).
         dtype = torch.promote_types(q.dtype, torch.float32)
-        scale = 1.0 / math.sqrt(self.head_dim)
-        q32 = q.to(dtype)
-        positions = cope_positions((q32 @ k.to(dtype).transpose(-2, -1)) * scale, self.npos_max)
-        pos_logits = (q32 @ self.pos_emb[layer].to(dtype)) * scale          # [B, H, Nq, npos_max]
-        return interpolated_logits(pos_logits, positions)
+        q_rev = q.to(dtype).flip(-2) * (1.0 / math.sqrt(self.head_dim))
+        positions = reversed_positions(q_rev @ k.to(dtype).flip(-2).transpose(-2, -1), self.npos_max)
+        table = self.pos_emb[layer].to(dtype)
+        table = torch.cat((table, table[:, -1:]), dim=-1)                     # [D, npos_max + 1]
+        return interpolated_logits(q_rev @ table, positions).flip(-2, -1)

@@ -24,9 +24,10 @@ its default options, lives inside this module), so ALiBi's slopes and FIRE's lea
 code. A base is any encoding with an element-wise bias named in ``BASES``; adding one is adding its name. The
 released code's FIRE_C uses LeakyReLU inside FIRE's own MLP; here FIRE is posbench's FIRE (ReLU), unchanged.
 
-Cost: f runs on every (i, j) of every layer, so DAPE materialises ``[B, Nq, Nk, hidden]`` per layer (the MLP's
-hidden layer, kept for the backward). The first layer is split as ``W1 [L; B] = W1_L L + (W1_B B + b1)``: the
-base part is computed once for all rows of the batch when they share their positions.
+Cost: f runs on every (i, j) of every layer, so DAPE materialises ``[B, hidden, Nq * Nk]`` per layer (the MLP's
+hidden layer, kept for the backward: 512 MiB at 2048 tokens and hidden 32, float32). The first layer is split as
+``W1 [L; B] = W1_L L + (W1_B B + b1)``: the base part is computed once for all rows of the batch when they share
+their positions; each layer is a batched matmul over the flattened (i, j) axis, in the attention's own layout.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ NEGATIVE_SLOPE = 0.01
 
 
 class DAPELayer(nn.Module):
-    """f for one layer: Linear(2H, hidden), LeakyReLU, Linear(hidden, H)."""
+    """f for one layer: Linear(2H, hidden), LeakyReLU, Linear(hidden, H), and the base bias added back."""
 
     def __init__(self, n_heads: int, hidden: int):
         super().__init__()
@@ -56,16 +57,22 @@ class DAPELayer(nn.Module):
         self.down = nn.Linear(hidden, n_heads)
 
     def forward(self, logits: Tensor, base: Tensor) -> Tensor:
-        """``f([logits, base])`` for logits ``[B, H, Nq, Nk]`` and the base bias ``[B or 1, H, Nq, Nk]``; returns
-        ``[B, H, Nq, Nk]`` (a channels-last tensor seen through a permutation)."""
-        h = self.n_heads
-        w_logits, w_base = self.up.weight[:, :h], self.up.weight[:, h:]
-        from_base = F.linear(base.permute(0, 2, 3, 1).to(logits.dtype), w_base.to(logits.dtype),
-                             self.up.bias.to(logits.dtype))                    # [B or 1, Nq, Nk, hidden]
-        hidden = F.linear(logits.permute(0, 2, 3, 1), w_logits.to(logits.dtype)) + from_base
+        """``base + f([logits, base])`` for logits ``[B, H, Nq, Nk]`` and the base bias ``[B or 1, H, Nq, Nk]``.
+
+        Computed channels-first, as two batched matmuls over the flattened (i, j) axis, with no permutation:
+        ``hidden = W1_B base + b1 + W1_L logits`` (the base part, shared by the rows when the base is, is the
+        matmul's added input) and ``base + b2 + W2 LeakyReLU(hidden)``."""
+        b, h, nq, nk = logits.shape
+        dtype = logits.dtype
+        w1, b1 = self.up.weight.to(dtype), self.up.bias.to(dtype)
+        w2, b2 = self.down.weight.to(dtype), self.down.bias.to(dtype)
+        hidden_size = w1.shape[0]
+        base = base.to(dtype).reshape(base.shape[0], h, nq * nk)
+        from_base = torch.baddbmm(b1[None, :, None], w1[:, h:].expand(base.shape[0], hidden_size, h), base)
+        hidden = torch.baddbmm(from_base, w1[:, :h].expand(b, hidden_size, h), logits.reshape(b, h, nq * nk))
         hidden = F.leaky_relu(hidden, NEGATIVE_SLOPE)
-        out = F.linear(hidden, self.down.weight.to(logits.dtype), self.down.bias.to(logits.dtype))
-        return out.permute(0, 3, 1, 2)
+        out = torch.baddbmm(base + b2[None, :, None], w2.expand(b, h, hidden_size), hidden)
+        return out.view(b, h, nq, nk)
 
 
 class DAPE(PositionalEncoding):
@@ -92,6 +99,5 @@ class DAPE(PositionalEncoding):
 
     def context_bias(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         dtype = torch.promote_types(q.dtype, torch.float32)
-        logits = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
-        base = self.base_bias(layer, q_pos, k_pos).to(dtype)
-        return base + self.layers[layer](logits, base)
+        logits = (q.to(dtype) * (1.0 / math.sqrt(self.head_dim))) @ k.to(dtype).transpose(-2, -1)
+        return self.layers[layer](logits, self.base_bias(layer, q_pos, k_pos))
