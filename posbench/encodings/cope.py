@@ -90,9 +90,11 @@ class CoPE(PositionalEncoding):
     def context_bias(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         # Queries and keys in reverse order (a flip of [*, N, D], cheap): the sum from the key to the query is a
         # forward cumsum, and one flip of the finished bias puts it back (one N x N flip instead of two).
+        # float32 at least, autocast or not: a position near 2048 in bf16 would keep no fraction at all
         dtype = torch.promote_types(q.dtype, torch.float32)
-        q_rev = q.to(dtype).flip(-2) * (1.0 / math.sqrt(self.head_dim))
-        positions = reversed_positions(q_rev @ k.to(dtype).flip(-2).transpose(-2, -1), self.npos_max)
-        table = self.pos_emb[layer].to(dtype)
-        table = torch.cat((table, table[:, -1:]), dim=-1)                     # [D, npos_max + 1]
-        return interpolated_logits(q_rev @ table, positions).flip(-2, -1)
+        with torch.autocast(q.device.type, enabled=False):
+            q_rev = q.to(dtype).flip(-2) * (1.0 / math.sqrt(self.head_dim))
+            positions = reversed_positions(q_rev @ k.to(dtype).flip(-2).transpose(-2, -1), self.npos_max)
+            table = self.pos_emb[layer].to(dtype)
+            table = torch.cat((table, table[:, -1:]), dim=-1)                 # [D, npos_max + 1]
+            return interpolated_logits(q_rev @ table, positions).flip(-2, -1)

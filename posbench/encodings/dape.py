@@ -98,6 +98,7 @@ class DAPE(PositionalEncoding):
         return self.base.bias(layer, q_pos, k_pos)
 
     def context_bias(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        dtype = torch.promote_types(q.dtype, torch.float32)
-        logits = (q.to(dtype) * (1.0 / math.sqrt(self.head_dim))) @ k.to(dtype).transpose(-2, -1)
-        return self.layers[layer](logits, self.base_bias(layer, q_pos, k_pos))
+        dtype = torch.promote_types(q.dtype, torch.float32)         # float32 at least, autocast or not
+        with torch.autocast(q.device.type, enabled=False):
+            logits = (q.to(dtype) * (1.0 / math.sqrt(self.head_dim))) @ k.to(dtype).transpose(-2, -1)
+            return self.layers[layer](logits, self.base_bias(layer, q_pos, k_pos))
