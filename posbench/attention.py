@@ -26,7 +26,9 @@ needs. Scale 1/sqrt(D); softmax in float32 (at least) on the eager path.
 
 A contextual bias (``contextual=True``: CoPE's and DAPE's, computed from q and k by the encoding) exists only
 as a tensor that carries gradients to q and k; no fused kernel can take it, so it runs on ``sdpa`` (a float
-mask), ``sdpa_split`` or ``eager``, and a request for ``flex`` or ``flash_attn`` is a one-line error.
+mask), ``sdpa_split`` or ``eager`` (``CONTEXTUAL_BACKENDS``; ``auto`` picks ``sdpa``), and a request for
+``flex`` or ``flash_attn`` is a one-line error: when the run is configured (``check_encoding_backend``), and
+again if a model built by hand gets there.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ FLEX_MIN_QUERIES = 16
 #: these 32/64 tiles fit (BLOCK_N1 % BLOCK_M1 == 0, BLOCK_M2 % BLOCK_N2 == 0). ``POSBENCH_FLEX_OPTIONS`` (JSON)
 #: replaces them, for tuning on a new GPU.
 FLEX_TRAIN_OPTIONS = {"bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32}
+#: the backends that take a bias computed from q and k (a tensor with gradients to q and k), fastest first
+CONTEXTUAL_BACKENDS = ("sdpa", "sdpa_split", "eager")
+CONTEXTUAL_WHY = (f"the encoding's logit bias is computed from the queries and keys, so it exists only as a "
+                  f"tensor (valid: auto, {', '.join(CONTEXTUAL_BACKENDS)})")
 
 
 class BackendError(UserError):
@@ -251,7 +257,7 @@ def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool, head_
     """Backends that can run this attention, fastest first; ``auto`` picks the first. ``contextual``: the bias
     is a tensor computed from q and k (only backends that take a materialised bias)."""
     if contextual:
-        return ["sdpa", "sdpa_split", "eager"]
+        return list(CONTEXTUAL_BACKENDS)
     value_dim = head_dim if value_dim is None else value_dim
     cuda = device.type == "cuda"
     flex_ok = FLEX_AVAILABLE and (cuda or not needs_grad) and \
@@ -277,8 +283,7 @@ def resolve_backend(name: str, has_bias: bool, device: torch.device, needs_grad:
         raise BackendError(f"unknown attention backend '{name}'; valid: auto, {', '.join(sorted(BACKENDS))}")
     if name not in valid:
         if contextual:
-            why = (f"the encoding's logit bias is computed from the queries and keys, so it exists only as a tensor "
-                   f"(valid: {', '.join(valid)})")
+            why = CONTEXTUAL_WHY
         elif name == "flash_attn":
             why = "it needs flash-attn, CUDA and no logit bias"
         elif device.type == "cuda":
@@ -287,6 +292,13 @@ def resolve_backend(name: str, has_bias: bool, device: torch.device, needs_grad:
             why = "FlexAttention has no backward on this device"
         raise BackendError(f"attention backend '{name}' cannot run here: {why}")
     return name
+
+
+def check_encoding_backend(name: str, encoding: str, contextual: bool) -> None:
+    """Refuse, before anything runs, a backend that can never take this encoding's bias (a contextual bias on
+    ``flex`` or ``flash_attn``); a one-line ``BackendError``."""
+    if contextual and name != "auto" and name not in CONTEXTUAL_BACKENDS:
+        raise BackendError(f"attention backend '{name}' cannot run encoding '{encoding}': {CONTEXTUAL_WHY}")
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, bias: Bias = None, backend_name: str = "auto", *,

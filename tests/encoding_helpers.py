@@ -21,7 +21,9 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-BUILTIN = ["abacus", "alibi", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
+BUILTIN = ["abacus", "alibi", "cope", "dape", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
+#: encodings whose bias is computed from q and k (``context_bias``): a tensor, never on flex or flash_attn
+CONTEXTUAL = ["cope", "dape"]
 VOCAB = 50
 #: what a task would give an encoding that names these options in its ``task_context``: for the random tokens
 #: of ``tokens()``, ten ids of the vocabulary are the digits 0-9 (a fifth of the tokens, so runs of digits occur)
@@ -38,15 +40,18 @@ def task_context(encoding: str) -> dict:
 def tiny(encoding: str, *, layers: int = 2, d_model: int = 32, heads: int = 4, max_seq_len: int = 16,
          init_std: float = 0.2, seed: int = 0, perturb: bool = True, **config) -> Transformer:
     """A tiny model. ``init_std`` 0.2 (not 0.02) makes positional effects large compared with float32 noise,
-    so that a test of "this changes the logits" cannot pass by rounding. TAPE's zero-initialised updates
-    are perturbed unless ``perturb=False`` (a zero update cannot show a caching or causality bug). An encoding
-    that needs options from its task (Abacus's ``digit_ids``) gets ``task_context(encoding)``."""
+    so that a test of "this changes the logits" cannot pass by rounding. TAPE's zero-initialised updates and
+    CoPE's zero-initialised position embeddings are perturbed unless ``perturb=False`` (a zero update cannot show
+    a caching or causality bug). An encoding that needs options from its task (Abacus's ``digit_ids``) gets
+    ``task_context(encoding)``."""
     torch.manual_seed(seed)
     config["encoding_options"] = {**task_context(encoding), **config.get("encoding_options", {})}
     model = Transformer(ModelConfig(vocab_size=VOCAB, d_model=d_model, n_layers=layers, n_heads=heads,
                                     max_seq_len=max_seq_len, encoding=encoding, init_std=init_std, **config))
     if perturb and encoding == "tape":
         perturb_tape(model, seed=seed)
+    if perturb and encoding == "cope":
+        perturb_cope(model, seed=seed)
     return model
 
 
@@ -56,6 +61,14 @@ def perturb_tape(model: Transformer, std: float = 0.3, seed: int = 0) -> None:
     with torch.no_grad():
         for p in model.encoding.layers.parameters():
             p.copy_(torch.randn(p.shape, generator=generator) * std)
+
+
+def perturb_cope(model: Transformer, std: float = 0.3, seed: int = 0) -> None:
+    """Give CoPE's position embeddings (zero at init, as in the paper's code) values of order ``std``."""
+    generator = torch.Generator().manual_seed(seed + 2)
+    with torch.no_grad():
+        pos_emb = model.encoding.pos_emb
+        pos_emb.copy_(torch.randn(pos_emb.shape, generator=generator) * std)
 
 
 def tokens(batch: int, n: int, seed: int = 1) -> torch.Tensor:

@@ -19,7 +19,7 @@ from posbench.attention import BACKENDS, BackendError, attend, resolve_backend, 
 from posbench.bias import ScoreBias
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
-from encoding_helpers import BUILTIN, assert_close, seeded, tiny, tokens
+from encoding_helpers import BUILTIN, CONTEXTUAL, assert_close, seeded, tiny, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -142,6 +142,12 @@ def test_model_matches_eager_outputs_and_gradients(encoding, backend):
 def test_flex_model_matches_eager_outputs(encoding):
     reference, other = pair(encoding, "flex")
     x = tokens(2, 12)
+    if encoding in CONTEXTUAL:                  # a bias computed from q and k: no kernel takes it, one line
+        with torch.no_grad(), pytest.raises(BackendError) as info:
+            other(x)
+        assert str(info.value) == "attention backend 'flex' cannot run here: " + attention.CONTEXTUAL_WHY
+        assert "\n" not in str(info.value)
+        return
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert_close(other(x), reference(x))

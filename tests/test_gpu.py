@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import posbench.attention as attention
 from posbench.model import ModelConfig, Transformer
 
-from encoding_helpers import BUILTIN, perturb_tape, task_context
+from encoding_helpers import BUILTIN, CONTEXTUAL, perturb_cope, perturb_tape, task_context
 
 pytestmark = pytest.mark.gpu
 
@@ -35,6 +35,8 @@ def gpu_model(encoding: str, backend: str, *, layers: int = 2, d_model: int = 12
                                     encoding_options=task_context(encoding)))
     if encoding == "tape":
         perturb_tape(model, std=0.1)
+    if encoding == "cope":
+        perturb_cope(model, std=0.1)
     if encoding in ("fire", "t5"):                       # make the learnable biases non-trivial
         with torch.no_grad():
             for p in model.encoding.parameters():
@@ -65,7 +67,8 @@ def test_bf16_backend_against_a_float64_reference(encoding, backend):
     ref_logits, ref_grads = forward_backward(reference, x, bf16=False)
     eager_logits, eager_grads = forward_backward(gpu_model(encoding, "eager"), x, bf16=True)
     model = gpu_model(encoding, backend)
-    if backend == "flash_attn" and type(model.encoding).has_bias:
+    if (backend == "flash_attn" and type(model.encoding).has_bias) or \
+            (backend in ("flex", "flash_attn") and encoding in CONTEXTUAL):
         with pytest.raises(attention.BackendError):
             model(x)
         return

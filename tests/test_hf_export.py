@@ -170,7 +170,7 @@ def test_llama_export_keeps_theta_scale_and_the_qkv_layout(tmp_path, capsys, att
 
 # ---- every other encoding: posbench's own model type -------------------------------------------------------------
 
-@pytest.mark.parametrize("encoding", ["tape", "alibi", "fire"])
+@pytest.mark.parametrize("encoding", ["tape", "alibi", "fire", "cope", "dape"])
 def test_other_encodings_export_as_posbench_models_with_posbench_logits_and_generation(tmp_path, capsys, encoding):
     from transformers import AutoModelForCausalLM
 

@@ -61,13 +61,14 @@ def test_a_batch_equals_its_rows_one_by_one(encoding):
 
 
 #: no position signal (NoPE), or one read from the tokens alone (Abacus: each digit's place in its number)
-POSITION_FREE = ("nope", "abacus")
+POSITION_FREE = ("nope", "abacus", "cope")     # abacus: the tokens; cope: q and k
 
 
 @pytest.mark.parametrize("encoding", BUILTIN)
 def test_per_row_positions_in_a_batch(encoding):
     """positions [B, N]: each row is computed at its own positions (eval; within FIRE's L). Row 1's positions
-    are spaced by 2, so its distances differ from row 0's and a mix-up cannot hide behind shift invariance."""
+    are spaced by 2, so its distances differ from row 0's and a mix-up cannot hide behind shift invariance.
+    NoPE and CoPE read no position index (CoPE counts its positions from q and k), so positions change nothing."""
     model = tiny(encoding).eval()
     x = tokens(2, 8)
     positions = torch.stack((torch.arange(8), torch.arange(3, 19, 2)))
@@ -83,7 +84,7 @@ def test_per_row_positions_in_a_batch(encoding):
 
 
 # ---- exactly one position signal ---------------------------------------------------------------------
-SIGNAL_HOOKS = ("embed", "rotate", "score_bias")
+SIGNAL_HOOKS = ("embed", "rotate", "score_bias", "context_bias")
 
 
 def overridden_signal_hooks(cls) -> list[str]:
@@ -128,8 +129,9 @@ def test_fresh_tape_carries_a_position_signal_too():
 
 @pytest.mark.parametrize("encoding", BUILTIN)
 def test_exactly_one_signal_hook(encoding, monkeypatch):
-    """Each encoding overrides exactly one of embed / rotate / score_bias (NoPE none), and resetting that one
-    hook to the base class's no-op makes a one-layer model order-blind: there is no second signal."""
+    """Each encoding overrides exactly one of embed / rotate / score_bias / context_bias (NoPE none), and
+    resetting that one hook to the base class's no-op makes a one-layer model order-blind: there is no second
+    signal (DAPE's base bias is inside its context_bias)."""
     from posbench.encodings import ENCODINGS
 
     hooks = overridden_signal_hooks(ENCODINGS[encoding])
@@ -154,7 +156,7 @@ def test_model_file_names_no_encoding():
 
 
 # ---- shift invariance ---------------------------------------------------------------------------------
-RELATIVE = ["rope", "xpos", "alibi", "t5", "tape", "fire"]
+RELATIVE = ["rope", "xpos", "alibi", "t5", "tape", "fire", "cope", "dape"]
 
 
 @pytest.mark.parametrize("shift", [1, 37, 300])
@@ -231,10 +233,10 @@ def test_a_bias_shared_by_every_row_is_computed_once(monkeypatch):
     seen = []
     plain_attend = model_module.attend
 
-    def spy(q, k, v, bias, backend, q_pos, k_pos):
+    def spy(q, k, v, bias, backend, q_pos, k_pos, contextual):
         seen.append((tuple(q_pos.shape), tuple(k_pos.shape), tuple(bias.materialise(q.shape[1], q_pos,
                                                                                       k_pos).shape)))
-        return plain_attend(q, k, v, bias, backend, q_pos=q_pos, k_pos=k_pos)
+        return plain_attend(q, k, v, bias, backend, q_pos=q_pos, k_pos=k_pos, contextual=contextual)
 
     monkeypatch.setattr(model_module, "attend", spy)
     with torch.no_grad():

@@ -9,7 +9,7 @@ from posbench.cli import main
 from posbench.encodings import ENCODINGS
 from posbench.encodings.options import Bound, Each, OneOf
 
-BUILTIN = ["abacus", "alibi", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
+BUILTIN = ["abacus", "alibi", "cope", "dape", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -41,6 +41,11 @@ def test_bounds_by_hand():
     ("tape", "encoding.scale=0", "encoding 'tape' option scale=0.0 is out of range: it must be > 0"),
     ("fire", "encoding.hidden=0", "encoding 'fire' option hidden=0 is out of range: it must be >= 1"),
     ("xpos", "encoding.scale_base=-1", "encoding 'xpos' option scale_base=-1.0 is out of range: it must be > 0"),
+    ("cope", "encoding.npos_max=-1", "encoding 'cope' option npos_max=-1 is out of range: it must be >= 0"),
+    ("cope", "encoding.npos_max=1", "encoding 'cope' option npos_max=1 is out of range: it must be 0 "
+                                    "(max_seq_len + 1) or at least 2"),
+    ("dape", "encoding.hidden=0", "encoding 'dape' option hidden=0 is out of range: it must be >= 1"),
+    ("dape", "encoding.base=t5", "encoding 'dape' option base='t5' is out of range: it must be one of alibi, fire"),
 ])
 def test_the_cli_refuses_an_out_of_range_option_before_writing_anything(encoding, setting, message, tmp_path,
                                                                          capsys):

@@ -8,5 +8,6 @@ from posbench.bias import ScoreBias
 from posbench.encodings.base import ENCODINGS, PositionalEncoding
 from posbench.encodings.options import Bound, EncodingOptionError, OneOf
 from posbench.encodings import abacus, alibi, fire, nope, randpe, rope, t5, tape, xpos  # noqa: F401  (registration)
+from posbench.encodings import cope, dape  # noqa: F401,E402  (registration; dape builds its base from the registry)
 
 __all__ = ["ENCODINGS", "Bound", "EncodingOptionError", "OneOf", "PositionalEncoding", "ScoreBias"]

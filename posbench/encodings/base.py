@@ -24,7 +24,9 @@ A contextual bias (``context_bias``) depends on the queries and keys themselves:
 sigmoid(q_i . k_j), DAPE runs an MLP over every head's q_i . k_j and base bias. It is returned as the tensor
 ``[B, H, Nq, Nk]`` (causal and bottom-right aligned like attention: query i is the (Nk - Nq + i)-th key), so it
 cannot live in a fused kernel: attention then runs on a backend that takes a tensor (eager, or SDPA with a
-float mask), ``auto`` picks one, and an explicit request for another is a one-line ``BackendError``. An
+float mask), ``auto`` picks SDPA, and an explicit request for another (flex, flash_attn) is a one-line
+``BackendError``, raised when a run is configured (``posbench.attention.check_encoding_backend``) and again at
+the first forward pass of a model built by hand. The tensor is float32 at least, autocast or not. An
 encoding defines ``score_bias`` or ``context_bias``, not both (``has_bias`` / ``has_context_bias`` say which).
 
 Token ids. ``read_tokens(tokens, state, memory)`` sees the token ids ``[B, N]`` of the forward pass. With a KV

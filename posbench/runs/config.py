@@ -246,6 +246,10 @@ def check_sections(task_cls: Any, encoding_cls: Any, sections: dict[str, dict[st
         raise ConfigError(f"model: {exc}") from None
     train = TrainConfig(**sections["train"]).to_dict()
     encoding = encoding_cls.resolve(sections["encoding"]) if encoding_cls is not None else {}
+    if encoding_cls is not None:
+        from posbench.attention import check_encoding_backend
+
+        check_encoding_backend(model["attention"], encoding_cls.name, getattr(encoding_cls, "has_context_bias", False))
     task = opts.resolve(f"task '{task_cls.name}'", task_cls.options, sections["task"], task_cls.limits,
                         label="task.")
     return {"model": model, "train": train, "encoding": encoding, "task": task}

@@ -82,13 +82,16 @@ class Bench(Task):
         task = sections["task"]
         names = [e for e in task["encodings"] if e] or sorted(ENCODINGS)
         task["encodings"] = list(dict.fromkeys([BASELINE, *names]))      # ratios are to RoPE: always, first
+        from posbench.attention import check_encoding_backend
+
         context = cls.encoding_context(task)
         for name in task["encodings"]:
-            needed = ENCODINGS.get(name).task_context      # unknown names: one line, before anything runs
-            missing = [key for key in needed if key not in context]
+            encoding = ENCODINGS.get(name)          # unknown names: one line, before anything runs
+            missing = [key for key in encoding.task_context if key not in context]
             if missing:
                 raise ConfigError(f"bench cannot time encoding '{name}': it needs {', '.join(missing)}, which "
                                   f"bench does not give")
+            check_encoding_backend(sections["model"]["attention"], name, encoding.has_context_bias)
         if len(task["batch"]) != len(task["lengths"]):
             task["batch"] = task["batch"][:1] * len(task["lengths"])
 
