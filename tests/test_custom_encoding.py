@@ -1,4 +1,4 @@
-"""A user-defined encoding: the README's example verbatim, and a sinusoidal APE defined here."""
+"""A user-defined encoding and task: docs/extending.md's examples verbatim, and a sinusoidal APE defined here."""
 
 from __future__ import annotations
 
@@ -17,14 +17,13 @@ from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
 
 def readme_example(which: int = 0) -> str:
-    """The ``which``-th Python block of the README's "Adding an encoding" section."""
+    """The ``which``-th Python block of docs/extending.md (0, 1: encodings; 2: a task)."""
     text = README.read_text(encoding="utf-8")
-    section = text[text.index("### Adding an encoding"):]
-    return re.findall(r"```python\n(.*?)```", section, re.S)[which]
+    return re.findall(r"```python\n(.*?)```", text, re.S)[which]
 
 
 def train_one_step(model: Transformer, vocab: int) -> None:
@@ -104,8 +103,8 @@ def test_sinusoidal_ape_defined_in_a_test_file():
 
 
 def test_readme_bias_example_runs_on_every_backend_with_gradients():
-    """The README's KERPLE encoding: a user's element-wise bias gets materialised for eager and SDPA, evaluated
-    per score by FlexAttention, and trained; against an independent formula."""
+    """docs/extending.md's Gaussian window: a user's element-wise bias gets materialised for eager and SDPA,
+    evaluated per score by FlexAttention, and trained; against an independent formula (1e-6)."""
     import warnings
 
     import sys
@@ -116,25 +115,24 @@ def test_readme_bias_example_runs_on_every_backend_with_gradients():
     sys.modules[module.__name__] = module
     try:
         exec(compile(readme_example(1), str(README), "exec"), namespace)
-        cls = ENCODINGS["kerple"]
-        assert cls.has_bias and cls is namespace["KerpleLog"]
-        cfg = dict(vocab_size=30, d_model=32, n_layers=2, n_heads=4, encoding="kerple")
+        cls = ENCODINGS["gaussian"]
+        assert cls.has_bias and cls is namespace["GaussianWindow"]
+        cfg = dict(vocab_size=30, d_model=32, n_layers=2, n_heads=4, encoding="gaussian")
         torch.manual_seed(0)
         eager = Transformer(ModelConfig(**cfg, attention="eager"))
         with torch.no_grad():
-            eager.encoding.r1.uniform_(0.5, 2.0)
-            eager.encoding.r2.uniform_(0.5, 2.0)
-        # the bias by hand: -r1 log(1 + r2 (i - j)) for the layer's r1, r2
+            eager.encoding.log_width.uniform_(0.0, 2.0)
+        # the bias by hand: -((i - j) / w)^2 for the layer's widths
         bias = eager.encoding.bias(1, torch.tensor([[5]]), torch.tensor([[0, 2, 5]]))
-        r1, r2 = eager.encoding.r1[1].detach(), eager.encoding.r2[1].detach()
+        width = eager.encoding.log_width[1].detach().exp()
         for h in range(4):
             for b, j in enumerate((0, 2, 5)):
-                expected = -r1[h].item() * math.log(1 + r2[h].item() * (5 - j))
-                assert abs(bias[0, h, 0, b].item() - expected) < 1e-6
+                expected = -((5 - j) / width[h].item()) ** 2
+                assert abs(bias[0, h, 0, b].item() - expected) < 1e-6 * max(1.0, abs(expected))
         x = torch.randint(0, 30, (2, 12), generator=torch.Generator().manual_seed(1))
         reference = eager(x)
         reference.logsumexp(-1).mean().backward()
-        assert eager.encoding.r1.grad.abs().max() > 0 and eager.encoding.r2.grad.abs().max() > 0
+        assert eager.encoding.log_width.grad.abs().max() > 0
         for backend in ("sdpa", "flex"):
             other = Transformer(ModelConfig(**cfg, attention=backend))
             other.load_state_dict(eager.state_dict())
@@ -143,5 +141,31 @@ def test_readme_bias_example_runs_on_every_backend_with_gradients():
                 torch.testing.assert_close(other(x), reference.detach(), rtol=1e-5, atol=1e-5)
         train_one_step(Transformer(ModelConfig(**cfg)), 30)
     finally:
-        ENCODINGS.remove("kerple")
+        ENCODINGS.remove("gaussian")
+        sys.modules.pop(module.__name__, None)
+
+
+def test_the_task_example_runs_through_the_runner(tmp_path):
+    """docs/extending.md's copy task: registered by its definition, run end to end by the one runner with a
+    built-in encoding, its record read by compare."""
+    import sys
+    import types
+
+    from posbench import report
+    from posbench.runs import runner
+    from posbench.runs.config import resolve_run_config
+    from posbench.tasks import TASKS
+
+    module = types.ModuleType("readme_task_example")
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(readme_example(2), str(README), "exec"), module.__dict__)
+        assert TASKS["copy"] is module.__dict__["Copy"]
+        outcome = runner.execute(resolve_run_config("copy", "alibi", None, sets=["train.threads=1"]), tmp_path)
+        assert outcome.record.task == "copy" and 0.0 <= outcome.record.metrics["accuracy"].value <= 100.0
+        assert outcome.record.training["steps"] == 20
+        table = report.collect(tmp_path).tables[0]
+        assert table.task == "copy" and table.rows[0].encoding == "alibi"
+    finally:
+        TASKS.remove("copy")
         sys.modules.pop(module.__name__, None)

@@ -61,6 +61,11 @@ def extend(
             if model or method or length is not None or data or scale is not None or steps is not None or sets or logs:
                 raise ConfigError("--resume continues a run with its own config; pass only --resume "
                                   "(and optionally --device)")
+            if dry_run:
+                from posbench.cli.run import show_stored
+
+                show_stored(resume)
+                return
             outcome = runner.resume(resume, device=None if device == "auto" else device, reporter=reporter)
         else:
             missing = [flag for flag, value in (("--model", model), ("--method", method), ("--length", length),

@@ -67,6 +67,9 @@ def run(
                     or seed is not None or seeds is not None or logs):
                 raise ConfigError("--resume continues a run with its own config; pass only --resume "
                                   "(and optionally --device)")
+            if dry_run:
+                show_stored(resume)
+                return
             outcome = runner.resume(resume, device=None if device == "auto" else device, reporter=reporter)
             show_outcome(outcome)
             return
@@ -101,6 +104,16 @@ def show_configs(configs) -> None:
     import json
 
     out().print(json.dumps([c.to_dict() for c in configs], indent=2), markup=False, highlight=False)
+
+
+def show_stored(run_dir: Path) -> None:
+    """``--resume DIR --dry-run``: the configuration the run continues with (and whether it has finished)."""
+    from posbench.runs.config import RunConfig
+    from posbench.runs.store import read_config
+
+    show_configs([RunConfig.from_dict(read_config(run_dir)["config"])])
+    if (Path(run_dir) / "result.json").exists():
+        err().print(f"{run_dir} has finished: --resume would refuse it", markup=False)
 
 
 def parse_seeds(seed: str | None, seeds: int | None) -> list[int]:
