@@ -117,7 +117,8 @@ class KERPLE(PositionalEncoding):
         return in_range(kernel.r1, lo1, hi1), in_range(kernel.r2, lo2, hi2)
 
     def score_bias(self, layer: int) -> ScoreBias:
-        return ScoreBias(partial(kerple_bias, variant=self.options["variant"]), self.parameters_of(layer))
+        return ScoreBias(partial(kerple_bias, variant=self.options["variant"]), self.parameters_of(layer),
+                         relative=True)
 
 
 def in_range(r: Tensor, low: float, high: float | None) -> Tensor:

@@ -107,4 +107,4 @@ class Sandwich(PositionalEncoding):
         self.register_buffer("inverse_ratio", inverse_ratios(self.n_heads).to(torch.float32), persistent=False)
 
     def score_bias(self, layer: int) -> ScoreBias:
-        return ScoreBias(sandwich_bias, (self.table, self.inverse_ratio))
+        return ScoreBias(sandwich_bias, (self.table, self.inverse_ratio), relative=True)
