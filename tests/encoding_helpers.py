@@ -21,7 +21,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-BUILTIN = ["alibi", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
+BUILTIN = ["alibi", "fire", "kerple", "nope", "randpe", "rope", "sandwich", "t5", "tape", "xpos"]
 VOCAB = 50
 
 

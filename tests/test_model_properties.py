@@ -144,7 +144,7 @@ def test_model_file_names_no_encoding():
 
 
 # ---- shift invariance ---------------------------------------------------------------------------------
-RELATIVE = ["rope", "xpos", "alibi", "t5", "tape", "fire"]
+RELATIVE = ["rope", "xpos", "alibi", "t5", "tape", "fire", "kerple", "sandwich"]
 
 
 @pytest.mark.parametrize("shift", [1, 37, 300])

@@ -9,7 +9,7 @@ from posbench.cli import main
 from posbench.encodings import ENCODINGS
 from posbench.encodings.options import Bound, OneOf
 
-BUILTIN = ["alibi", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
+BUILTIN = ["alibi", "fire", "kerple", "nope", "randpe", "rope", "sandwich", "t5", "tape", "xpos"]
 
 
 @pytest.mark.parametrize("name", BUILTIN)
