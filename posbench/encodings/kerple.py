@@ -1,37 +1,41 @@
-"""KERPLE (Chi, Fan, Ramadge and Rudnicky, NeurIPS 2022): a kernelised relative logit bias, learned per head.
+"""KERPLE (Chi, Fan, Ramadge and Rudnicky, NeurIPS 2022, "KERPLE: Kernelized Relative Positional Embedding for
+Length Extrapolation", arXiv 2205.09921): a logit bias from a conditionally positive definite kernel of the
+distance, learned per head.
 
 For query position i and key position j, with d = i - j >= 0 (the causal part; future keys are masked, and d is
-clamped to 0 there so the bias stays finite):
+clamped to 0 there so the bias stays finite), the paper's two variants of the kernelised bias (its power and
+logarithmic kernels, the constant offset dropped since softmax ignores it) are
 
-    log variant   (paper eq. for the logarithmic kernel):  b_h(i, j) = -r1_h * log(1 + r2_h * d)
-    power variant (paper eq. for the power kernel):        b_h(i, j) = -r1_h * d ** r2_h
+    log variant:    b_h(i, j) = -r1_h * log(1 + r2_h * d)        r1_h, r2_h > 0
+    power variant:  b_h(i, j) = -r1_h * d ** r2_h                r1_h > 0, 0 < r2_h <= 2
 
-with r1_h, r2_h > 0 learned per head (the kernels are conditionally positive definite for r1, r2 > 0 and, for
-the power kernel, r2 <= 2). The paper leaves open how positivity is kept, how the parameters start and whether
-layers share them; the released code (``chijames/KERPLE``, ``megatron/mpu/layers.py`` ``ParallelKerpleLog`` and
-``ParallelKerplePower``, built once in ``megatron/model/gpt2_model.py``) decides, and so do we:
+(the ranges under which the kernels are conditionally positive definite). The paper leaves open how positivity is
+kept, how the parameters start and whether layers share them; the released code (``chijames/KERPLE``,
+``megatron/mpu/layers.py`` ``ParallelKerpleLog`` / ``ParallelKerplePower``, built once in
+``megatron/model/gpt2_model.py`` and handed to every layer) decides, and so do we:
 
 - positivity: before every forward pass the stored parameters are clamped in place to ``r >= eps`` (and the power
   exponent to ``r2 <= 2``), eps = 0.01: projected gradient descent, so a parameter that an optimizer step pushed
   out of range comes back to the boundary and keeps receiving gradients there. We project in ``init_state``
   (once per forward pass); the bias also reads the parameters through the same clamp, so a bias asked for
-  without a forward pass is in range too (identical values once projected; the clamp's gradient is the identity
-  inside the range).
+  between an optimizer step and the next forward pass never uses an out-of-range value (identical values once
+  projected; the clamp's gradient is the identity inside the range).
 - initialisation: uniform, ``U(0, 2)`` for the log kernel's r1 and the power kernel's exponent r2, ``U(0, 1)``
   for the log kernel's r2 and the power kernel's r1 (``get_parameter(2 | 1, 'uniform')``), then the clamp.
-- sharing: one KERPLE module is built before the layer loop and handed to every layer, so all layers share r1
-  and r2 (``per_layer=False``, the default); ``per_layer=True`` gives each layer its own pair, like this
-  harness's T5 and FIRE.
-- the released code adds the bias to the scaled logits (after 1 / sqrt(D)), as here.
+- sharing: one KERPLE module serves every layer, so all layers share r1 and r2 (``per_layer=False``, the
+  default); ``per_layer=True`` gives each layer its own pair, like this harness's T5 and FIRE.
+- the bias is added to the scaled logits (after 1 / sqrt(D)), as the released code adds it after its
+  ``baddbmm(..., alpha=1 / norm_factor)``.
 
 One class with a ``variant`` option rather than two names: the two kernels share parameters, initialisation,
-projection and evaluation, differ in one line, and the paper presents them as two members of one family; the
-variant is recorded with the run's options, so ``compare`` keeps ``kerple`` and ``kerple [encoding.variant=power]``
-apart. The default is the log kernel, the paper's best.
+projection and evaluation and differ in one line; the variant is recorded with the run's options, so
+``compare`` keeps ``kerple`` and ``kerple [encoding.variant=power]`` apart. The default is the log kernel, the
+paper's best.
 
 Numerics: ``log1p`` for log(1 + x); the power is ``exp(r2 log d)`` for d > 0 and 0 at d = 0, written so that
 neither branch of the selection has an infinite or NaN gradient (d ** r2 at d = 0 has log 0 in its gradient with
-respect to r2).
+respect to r2). The bias depends on d only (``ScoreBias(relative=True)``): materialised for the CPU over
+consecutive shared positions, it is evaluated once per distinct distance, not once per score (``posbench.bias``).
 """
 
 from __future__ import annotations
