@@ -332,7 +332,7 @@ def test_both_train_on_arithmetic(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     for encoding in ("kerple", "sandwich"):
         record = _record(tmp_path, "arithmetic", encoding)
-        assert record["config"]["model"]["encoding"] == encoding and record["metrics"]
+        assert record["config"]["encoding"] == encoding and record["metrics"]
 
 
 @pytest.mark.parametrize("encoding", ["kerple", "sandwich"])
@@ -349,4 +349,4 @@ def test_pretrain_then_every_long_task(encoding, tmp_path, capsys):
         code = main(["run", "-t", task, "-p", "tiny", "--init", str(pre), "-q", "-o", out, *extra])
         assert code == 0, capsys.readouterr().err
         record = _record(tmp_path, task, encoding)
-        assert record["config"]["model"]["encoding"] == encoding
+        assert record["config"]["encoding"] == encoding
