@@ -350,3 +350,13 @@ def test_pretrain_then_every_long_task(encoding, tmp_path, capsys):
         assert code == 0, capsys.readouterr().err
         record = _record(tmp_path, task, encoding)
         assert record["config"]["encoding"] == encoding
+
+
+def test_ls_and_bench_pick_both_up(capsys):
+    assert main(["ls", "encodings"]) == 0
+    listing = capsys.readouterr().out
+    assert "kerple" in listing and "sandwich" in listing
+    assert main(["bench", "--dry-run"]) == 0                       # the default: every registered encoding
+    (config,) = json.loads(capsys.readouterr().out)
+    encodings = config["task_options"]["encodings"]
+    assert encodings[0] == "rope" and {"kerple", "sandwich"} <= set(encodings) and set(encodings) == set(ENCODINGS)
