@@ -41,6 +41,10 @@ def test_bounds_by_hand():
     ("tape", "encoding.scale=0", "encoding 'tape' option scale=0.0 is out of range: it must be > 0"),
     ("fire", "encoding.hidden=0", "encoding 'fire' option hidden=0 is out of range: it must be >= 1"),
     ("xpos", "encoding.scale_base=-1", "encoding 'xpos' option scale_base=-1.0 is out of range: it must be > 0"),
+    ("kerple", "encoding.eps=0", "encoding 'kerple' option eps=0.0 is out of range: it must be > 0"),
+    ("kerple", "encoding.variant=cubic",
+     "encoding 'kerple' option variant='cubic' is out of range: it must be one of log, power"),
+    ("sandwich", "encoding.d_bar=-2", "encoding 'sandwich' option d_bar=-2 is out of range: it must be >= 0"),
 ])
 def test_the_cli_refuses_an_out_of_range_option_before_writing_anything(encoding, setting, message, tmp_path,
                                                                          capsys):
