@@ -21,7 +21,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-BUILTIN = ["abacus", "alibi", "cope", "dape", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
+BUILTIN = ["abacus", "alibi", "cope", "dape", "fire", "kerple", "nope", "randpe", "rope", "sandwich", "t5", "tape", "xpos"]
 #: encodings whose bias is computed from q and k (``context_bias``): a tensor, never on flex or flash_attn
 CONTEXTUAL = ["cope", "dape"]
 VOCAB = 50

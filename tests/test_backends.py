@@ -157,7 +157,7 @@ def test_flex_model_matches_eager_outputs(encoding):
         assert_close(other(x[:, 8:9], cache=cache), reference(x[:, :9])[:, 8:9])
 
 
-@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire", "tape", "rope"])
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire", "kerple", "sandwich", "tape", "rope"])
 @pytest.mark.parametrize("nq, nk, per_row", [(40, 40, False), (129, 129, True), (3, 131, False), (77, 200, True)],
                          ids=["odd", "just-over-a-block", "cache-prefix", "cache-per-row"])
 def test_flex_pads_every_length_to_its_block_and_equals_eager(encoding, nq, nk, per_row, monkeypatch):

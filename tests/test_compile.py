@@ -75,7 +75,7 @@ def test_compiled_tape_trains_like_eager():
             assert_close(q.grad, p.grad, rel=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire"])
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire", "kerple", "sandwich"])
 def test_a_compiled_model_traces_flex_attention_in_its_one_graph(encoding):
     """What a compiled model does on a GPU with a bias: the causal block mask and the encoding's score_mod are
     traced inside the model's single graph (no graph break). Run here in inference, where FlexAttention works

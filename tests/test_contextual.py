@@ -137,6 +137,11 @@ def base_by_hand(pe, base, layer, i, j):
     """The base bias of every head at query position i, key position j, from its own formula."""
     if base == "alibi":
         return torch.tensor([-m * (i - j) for m in alibi_slopes(H)], dtype=torch.float64)
+    if base == "kerple":      # the log kernel -r1 log(1 + r2 d), d = i - j (0 for the masked future keys),
+        # r1 and r2 read as at least eps (0.01)
+        kernel, eps = pe.base.kernels[0], pe.base.options["eps"]
+        return torch.tensor([-max(float(r1), eps) * math.log(1 + max(float(r2), eps) * max(i - j, 0))
+                             for r1, r2 in zip(kernel.r1.detach(), kernel.r2.detach())], dtype=torch.float64)
     return pe.base.layers[layer].mlp_bias(torch.tensor([[i]]), torch.tensor([[j]]))[0, :, 0, 0].detach()
 
 

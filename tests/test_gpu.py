@@ -37,7 +37,7 @@ def gpu_model(encoding: str, backend: str, *, layers: int = 2, d_model: int = 12
         perturb_tape(model, std=0.1)
     if encoding == "cope":
         perturb_cope(model, std=0.1)
-    if encoding in ("fire", "t5"):                       # make the learnable biases non-trivial
+    if encoding in ("fire", "t5", "kerple"):             # make the learnable biases non-trivial
         with torch.no_grad():
             for p in model.encoding.parameters():
                 p.add_(torch.randn_like(p) * 0.1)
@@ -79,7 +79,7 @@ def test_bf16_backend_against_a_float64_reference(encoding, backend):
     assert grad <= ERROR_FACTOR * eager_grad + 1e-3, f"gradients: {grad:.2e} vs eager bf16 {eager_grad:.2e}"
 
 
-@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire"])
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire", "kerple", "sandwich"])
 def test_flex_trains_a_biased_encoding_in_bf16_at_the_paper_head_size(encoding):
     """Head size 64, 1024 tokens, three AdamW steps with compiled FlexAttention (the backward kernel must fit
     the GPU's shared memory): the loss is finite and every bias parameter gets a non-zero gradient."""
@@ -100,7 +100,7 @@ def test_flex_trains_a_biased_encoding_in_bf16_at_the_paper_head_size(encoding):
         optimizer.step()
 
 
-@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire"])
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire", "kerple", "sandwich"])
 @pytest.mark.parametrize("length", [77, 130, 1000])
 def test_flex_at_lengths_off_its_block_size_matches_the_reference(encoding, length):
     """Compiled FlexAttention with a block mask and a score_mod at lengths that are not multiples of 128
@@ -115,7 +115,7 @@ def test_flex_at_lengths_off_its_block_size_matches_the_reference(encoding, leng
     assert relative_error(grads, ref_grads) <= ERROR_FACTOR * relative_error(eager_grads, ref_grads) + 1e-3
 
 
-@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire"])
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire", "kerple", "sandwich"])
 def test_a_biased_encoding_needs_no_sequence_by_sequence_tensor(encoding):
     """Training at 8192 tokens: peak memory within 1.2x RoPE's. A materialised [H, N, N] float bias alone
     would be 4 x 8192^2 x 4 bytes = 1 GiB per layer."""

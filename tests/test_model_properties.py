@@ -156,7 +156,7 @@ def test_model_file_names_no_encoding():
 
 
 # ---- shift invariance ---------------------------------------------------------------------------------
-RELATIVE = ["rope", "xpos", "alibi", "t5", "tape", "fire", "cope", "dape"]
+RELATIVE = ["rope", "xpos", "alibi", "t5", "tape", "fire", "kerple", "sandwich", "cope", "dape"]
 
 
 @pytest.mark.parametrize("shift", [1, 37, 300])

@@ -9,7 +9,7 @@ from posbench.cli import main
 from posbench.encodings import ENCODINGS
 from posbench.encodings.options import Bound, Each, OneOf
 
-BUILTIN = ["abacus", "alibi", "cope", "dape", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
+BUILTIN = ["abacus", "alibi", "cope", "dape", "fire", "kerple", "nope", "randpe", "rope", "sandwich", "t5", "tape", "xpos"]
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -45,7 +45,11 @@ def test_bounds_by_hand():
     ("cope", "encoding.npos_max=1", "encoding 'cope' option npos_max=1 is out of range: it must be 0 "
                                     "(max_seq_len + 1) or at least 2"),
     ("dape", "encoding.hidden=0", "encoding 'dape' option hidden=0 is out of range: it must be >= 1"),
-    ("dape", "encoding.base=t5", "encoding 'dape' option base='t5' is out of range: it must be one of alibi, fire"),
+    ("dape", "encoding.base=t5", "encoding 'dape' option base='t5' is out of range: it must be one of alibi, fire, kerple"),
+    ("kerple", "encoding.eps=0", "encoding 'kerple' option eps=0.0 is out of range: it must be > 0"),
+    ("kerple", "encoding.variant=cubic",
+     "encoding 'kerple' option variant='cubic' is out of range: it must be one of log, power"),
+    ("sandwich", "encoding.d_bar=-2", "encoding 'sandwich' option d_bar=-2 is out of range: it must be >= 0"),
 ])
 def test_the_cli_refuses_an_out_of_range_option_before_writing_anything(encoding, setting, message, tmp_path,
                                                                          capsys):

@@ -30,8 +30,8 @@ def build(name: str, dtype=torch.float32, **options):
     return pe
 
 
-def test_the_biased_encodings_are_alibi_fire_t5():
-    assert BIASED == ["alibi", "fire", "t5"]
+def test_the_biased_encodings_are_alibi_fire_kerple_sandwich_t5():
+    assert BIASED == ["alibi", "fire", "kerple", "sandwich", "t5"]
     assert not any(ENCODINGS[n].has_bias for n in ("rope", "randpe", "xpos", "nope", "tape"))
 
 

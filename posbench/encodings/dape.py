@@ -12,7 +12,8 @@ adds ``L_ij`` itself. Because f acts on each (i, j) alone, a key right of the ca
 visible score, and a KV cache stays exact (new queries against every cached key).
 
 Where the paper leaves a choice open, this follows the released code (chuanyang-zheng/DAPE,
-``megatron/model/positional_embeddings.py``, ``AliBi_C`` / ``FIRE_C`` / ``ParallelKerpleLog_C``):
+``megatron/model/positional_embeddings.py``, ``AliBi_C`` / ``FIRE_C`` / ``ParallelKerpleLog_C``; base ``kerple``
+is posbench's KERPLE, log kernel by default):
 - the logits fed to f are the raw scores already scaled by 1/sqrt(D) (``baddbmm(..., alpha=1/norm_factor)``
   before the bias is applied), unmasked (the causal mask comes after);
 - the concatenation is [logits of the H heads, base bias of the H heads], in that order; f is
@@ -42,7 +43,7 @@ from posbench.encodings.base import ENCODINGS, PositionalEncoding
 from posbench.encodings.options import OneOf, at_least
 
 #: encodings whose element-wise bias (``score_bias``) can be DAPE's base
-BASES = ("alibi", "fire")
+BASES = ("alibi", "fire", "kerple")
 #: LeakyReLU's negative slope (``nn.LeakyReLU()``'s default, as in the released code)
 NEGATIVE_SLOPE = 0.01
 
@@ -89,6 +90,10 @@ class DAPE(PositionalEncoding):
 
     def init_weights(self) -> None:
         self.base.init_weights()
+
+    def init_state(self, positions: Tensor):
+        """The base's own state (KERPLE projects its parameters back into range here, once per forward pass)."""
+        return self.base.init_state(positions)
 
     def unused_parameters(self) -> list[nn.Parameter]:
         return self.base.unused_parameters()
