@@ -98,38 +98,51 @@ PRODUCER = textwrap.dedent("""
     from posbench.data.tokenizer import ByteTokenizer
     from posbench.data import producer
     producer.BATCH_CHARS = 3000
+    pause_after, encoded, encode = {pause_after!r}, [0], producer._encode
+
+    def encode_then_pause(tokenizer, texts):     # pause_after > 0: stop for good past that many characters,
+        encoded[0] += sum(map(len, texts))       # so that a kill always lands mid-way (no race with the end)
+        if pause_after and encoded[0] > pause_after:
+            time.sleep(3600)
+        return encode(tokenizer, texts)
+
+    producer._encode = encode_then_pause
     cache = token_cache.open_cache(open_source({corpus!r}), "train", ByteTokenizer(), None)
     cache.wait_complete()
     print("DONE", cache.total, flush=True)
 """)
 
 
-def _spawn_producer(corpus: Path, cache: Path) -> subprocess.Popen:
+def _spawn_producer(corpus: Path, cache: Path, pause_after: int = 0) -> subprocess.Popen:
     env = {**os.environ, "POSBENCH_CACHE": str(cache), "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-c", PRODUCER.format(repo=str(REPO), corpus=str(corpus))], env=env,
+    script = PRODUCER.format(repo=str(REPO), corpus=str(corpus), pause_after=pause_after)
+    return subprocess.Popen([sys.executable, "-c", script], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _cache_dir_of(cache_root: Path) -> Path:
-    for _ in range(600):
+    deadline = time.monotonic() + 300                      # the child imports torch and datasets first
+    while time.monotonic() < deadline:
         found = list(cache_root.glob("tokens/*/train-*"))
         if found:
             return found[0]
         time.sleep(0.05)
-    raise AssertionError("no cache directory appeared")
+    raise AssertionError("no cache directory appeared in 300 s")
 
 
 def test_a_killed_tokenisation_resumes_exactly(tmp_path, cache_dir):
     corpus = _corpus(tmp_path, n_files=4, docs=150, mean_words=200)
     src = open_source(str(corpus))
     reference = token_stream(src, "train", ByteTokenizer(), None)
-    proc = _spawn_producer(corpus, cache_dir)
+    proc = _spawn_producer(corpus, cache_dir, pause_after=150_000)   # it stops past 150k characters
     directory = _cache_dir_of(cache_dir)
-    for _ in range(1200):                                  # let it commit a few batches, then kill -9 it
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:                     # let it commit a few batches, then kill -9 it
         progress = json_object(directory / "progress.json")
         if progress and progress["tokens"] > 100_000:
             break
         time.sleep(0.01)
+    assert progress and progress["tokens"] > 100_000, "the producer committed nothing in 300 s"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (directory / "complete.json").exists(), "the producer finished before it could be killed"
@@ -149,10 +162,10 @@ def test_a_second_process_waits_for_the_producer(tmp_path, cache_dir):
     src = open_source(str(corpus))
     proc = _spawn_producer(corpus, cache_dir)
     directory = _cache_dir_of(cache_dir)
-    for _ in range(600):
-        if (directory / "progress.json").exists():
-            break
+    deadline = time.monotonic() + 300                      # its first commit: from then on it holds the lock
+    while not (directory / "progress.json").exists() and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert (directory / "progress.json").exists(), "the producer committed nothing in 300 s"
     cache = token_cache.open_cache(src, "train", ByteTokenizer(), None)
     assert cache._thread is None or (directory / "complete.json").exists()     # the child holds the lock
     total = cache.wait_complete()
@@ -182,14 +195,25 @@ def test_block_order_is_a_permutation_per_block_and_epoch():
 def test_examples_read_while_the_cache_grows_equal_those_of_the_complete_cache(tmp_path, monkeypatch):
     from posbench.tasks._lm_common import CachedChunkStream
 
+    import threading
+
     monkeypatch.setattr(producer, "BATCH_CHARS", 3000)
     src = open_source(str(_corpus(tmp_path, n_files=4, docs=150, mean_words=200)))
     length, block = 64, 64 * 50
+    gate, encoded, encode = threading.Event(), [0], producer._encode
+
+    def encode_then_wait(tokenizer, texts):       # the producer holds past 20 blocks until the first batch is read,
+        encoded[0] += sum(map(len, texts))        # so the batch is always read from a growing cache
+        if encoded[0] > 20 * block:
+            gate.wait(300)
+        return encode(tokenizer, texts)
+
+    monkeypatch.setattr(producer, "_encode", encode_then_wait)
     cache = token_cache.open_cache(src, "train", ByteTokenizer(), None)
     stream = CachedChunkStream(7, CachedChunks(cache, length, block_tokens=block))
-    growing = cache.finished is False
     early = stream.next_batch(32)
-    assert growing, "the producer finished before the first batch: the corpus is too small for this test"
+    assert cache.finished is False
+    gate.set()
     assert early.tokens.shape == (32, length)
     cache.wait_complete()
     n = (cache.total - 1) // length
