@@ -275,3 +275,22 @@ def test_resume_through_the_runner_is_exact_on_the_cached_path(tmp_path, monkeyp
     assert resumed["training"]["resumed_from"] == [2]
     assert resumed["model"]["checkpoint_sha256"] == whole["model"]["checkpoint_sha256"]
     assert resumed["metrics"]["val_ppl"]["value"] == whole["metrics"]["val_ppl"]["value"]
+
+
+def test_the_last_progress_line_is_out_before_a_consumer_goes_on(tmp_path, cache_dir, monkeypatch):
+    """The producer closes its bar (the final line: tokens, throughput) before it tells the consumers that the
+    cache is complete, so a process that exits right after ``wait_complete`` has printed it."""
+    from posbench.data.progress import DataBar, library_progress
+
+    library_progress(True)
+    closed = []
+    real_close = DataBar.close
+
+    def close(self, message=None):
+        closed.append(self.description)
+        real_close(self, message)
+
+    monkeypatch.setattr(DataBar, "close", close)
+    cache = token_cache.open_cache(open_source(str(_corpus(tmp_path))), "train", ByteTokenizer(), None)
+    cache.wait_complete()
+    assert closed, "wait_complete returned before the producer's bar was closed"

@@ -287,6 +287,7 @@ class TokenCache:
         self.bar = DataBar(self.label, self.budget, "tok", enabled=None if self._show_progress() else False)
         final = produce(self, self._source, self._tokenizer)
         _atomic_json(self.path("complete.json"), {**final, "completed": time.time()})
+        self.bar.close()                # its last line before any consumer goes on (and maybe exits)
         with self._cond:
             self._final = final
             self._committed = int(final["tokens"])
