@@ -195,10 +195,17 @@ def test_resume_flag_finishes_a_killed_run(capsys, tmp_path):
     with pytest.raises(StopTraining):
         runner.execute(cfg, tmp_path, callbacks=(kill,))
     run_dir = next((tmp_path / "arithmetic" / "rope").iterdir())
+    for command in ("run", "extend"):                      # --dry-run: the stored config, nothing run or written
+        code, out, err = run_cli(capsys, command, "--resume", str(run_dir), "--dry-run")
+        assert code == 0, err
+        assert [c["encoding"] for c in json.loads(out)] == ["rope"] and "has finished" not in err
+        assert not (run_dir / "result.json").exists()
     code, out, err = run_cli(capsys, "run", "--resume", str(run_dir), "-q")
     assert code == 0, err
     result = json.loads((run_dir / "result.json").read_text())
     assert result["training"]["steps"] == 6 and result["training"]["resumed_from"] == [2]
+    code, out, err = run_cli(capsys, "run", "--resume", str(run_dir), "--dry-run")
+    assert code == 0 and "has finished: --resume would refuse it" in err
 
 
 def test_init_from_another_run(capsys, tmp_path):

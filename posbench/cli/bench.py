@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from posbench.cli.common import out, progress_reporter, split_names, user_errors
+from posbench.cli.common import out, progress_reporter, show_configs, split_names, user_errors
 
 BENCH_EPILOG = """[bold]Examples[/bold]
 
@@ -65,8 +65,6 @@ def bench(
         sets += [f"train.compile={compile_}", f"train.threads={threads}", f"model.attention={attention}"]
         config = resolve_run_config("bench", None, size, device=device, sets=sets)
         if dry_run:
-            from posbench.cli.run import show_configs
-
             show_configs([config])
             return
         reporter = progress_reporter(quiet)

@@ -46,6 +46,34 @@ def progress_reporter(quiet: bool):
     return NullReporter() if quiet else RichReporter(err())
 
 
+def show_configs(configs) -> None:
+    """``--dry-run``: the resolved configurations, as ``config.json`` would record them."""
+    import json
+
+    out().print(json.dumps([c.to_dict() for c in configs], indent=2), markup=False, highlight=False)
+
+
+def resume_run(run_dir, *, others: bool, dry_run: bool, device: str, reporter):
+    """``--resume DIR`` of run and extend: refuses other flags (``others``); with ``--dry-run`` prints the stored
+    configuration (and whether the run has finished) and returns None; else continues the run, its outcome."""
+    from pathlib import Path
+
+    from posbench.errors import ConfigError
+    from posbench.runs import runner
+
+    if others:
+        raise ConfigError("--resume continues a run with its own config; pass only --resume (and optionally --device)")
+    if dry_run:
+        from posbench.runs.config import RunConfig
+        from posbench.runs.store import read_config
+
+        show_configs([RunConfig.from_dict(read_config(run_dir)["config"])])
+        if (Path(run_dir) / "result.json").exists():
+            err().print(f"{run_dir} has finished: --resume would refuse it", markup=False)
+        return None
+    return runner.resume(run_dir, device=None if device == "auto" else device, reporter=reporter)
+
+
 def one_line(exc: BaseException) -> str:
     text = exc.message if hasattr(exc, "message") else str(exc)
     return " ".join(str(text).split()) or type(exc).__name__

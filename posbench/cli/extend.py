@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from posbench.cli.common import out, progress_reporter, user_errors
+from posbench.cli.common import out, progress_reporter, resume_run, show_configs, user_errors
 
 EXTEND_EPILOG = """[bold]Examples[/bold]
 
@@ -57,15 +57,11 @@ def extend(
     with user_errors():
         reporter = progress_reporter(quiet)
         if resume is not None:
-            if model or method or length is not None or data or scale is not None or steps is not None or sets or logs:
-                raise ConfigError("--resume continues a run with its own config; pass only --resume "
-                                  "(and optionally --device)")
-            if dry_run:
-                from posbench.cli.run import show_stored
-
-                show_stored(resume)
+            others = bool(model or method or length is not None or data or scale is not None or steps is not None
+                          or sets or logs)
+            outcome = resume_run(resume, others=others, dry_run=dry_run, device=device, reporter=reporter)
+            if outcome is None:
                 return
-            outcome = runner.resume(resume, device=None if device == "auto" else device, reporter=reporter)
         else:
             missing = [flag for flag, value in (("--model", model), ("--method", method), ("--length", length),
                                                 ("--data", data)) if value is None]
@@ -75,8 +71,6 @@ def extend(
             config = resolve_run_config("extend", method, preset, steps=steps, seed=seed, device=device, init=model,
                                         sets=settings, task_flags={"data": data}, init_flag="--model", logs=logs)
             if dry_run:
-                from posbench.cli.run import show_configs
-
                 show_configs([config])
                 return
             outcome = runner.execute(config, out_dir, reporter=reporter, command=["posbench", *sys.argv[1:]])

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from posbench.cli.common import err, out, progress_reporter, split_names, user_errors
+from posbench.cli.common import err, out, progress_reporter, resume_run, show_configs, split_names, user_errors
 
 RUN_EPILOG = """[bold]Examples[/bold]
 
@@ -62,15 +62,11 @@ def run(
     with user_errors():
         reporter = progress_reporter(quiet)
         if resume is not None:
-            if (encoding or task or preset or steps is not None or sets or init or data or datasets or tokenizer
-                    or seed is not None or seeds is not None or logs):
-                raise ConfigError("--resume continues a run with its own config; pass only --resume "
-                                  "(and optionally --device)")
-            if dry_run:
-                show_stored(resume)
-                return
-            outcome = runner.resume(resume, device=None if device == "auto" else device, reporter=reporter)
-            show_outcome(outcome)
+            others = bool(encoding or task or preset or steps is not None or sets or init or data or datasets
+                          or tokenizer or seed is not None or seeds is not None or logs)
+            outcome = resume_run(resume, others=others, dry_run=dry_run, device=device, reporter=reporter)
+            if outcome is not None:
+                show_outcome(outcome)
             return
         if task is None:
             raise ConfigError("--task is required ('posbench ls tasks' lists them)")
@@ -96,23 +92,6 @@ def run(
             show_outcome(outcome)
         if len(configs) > 1 and outcome.main:
             out().print(f"compare them: posbench compare {out_dir / configs[0].task}")
-
-
-def show_configs(configs) -> None:
-    """``--dry-run``: the resolved configurations, as ``config.json`` would record them."""
-    import json
-
-    out().print(json.dumps([c.to_dict() for c in configs], indent=2), markup=False, highlight=False)
-
-
-def show_stored(run_dir: Path) -> None:
-    """``--resume DIR --dry-run``: the configuration the run continues with (and whether it has finished)."""
-    from posbench.runs.config import RunConfig
-    from posbench.runs.store import read_config
-
-    show_configs([RunConfig.from_dict(read_config(run_dir)["config"])])
-    if (Path(run_dir) / "result.json").exists():
-        err().print(f"{run_dir} has finished: --resume would refuse it", markup=False)
 
 
 def parse_seeds(seed: str | None, seeds: int | None) -> list[int]:

@@ -58,7 +58,6 @@ class Abacus(PositionalEncoding):
     defaults = {"digit_ids": [], "max_k": 99, "max_digits": 0, "per_example": False}
     limits = {"digit_ids": Each(at_least(0), min_items=0), "max_k": at_least(0), "max_digits": at_least(0)}
     task_context = ("digit_ids",)
-    #: what each task-given option is, for the one-line refusal on a task that cannot give it
     task_context_help = {"digit_ids": "the token ids of the digits 0-9"}
 
     @classmethod

@@ -75,6 +75,8 @@ class PositionalEncoding(nn.Module):
     has_context_bias: ClassVar[bool] = False
     #: options only a task can give (``Task.encoding_context()`` fills them), e.g. ``("digit_ids",)``
     task_context: ClassVar[tuple[str, ...]] = ()
+    #: what each of those options is, for the one-line refusal on a task that cannot give it
+    task_context_help: ClassVar[dict[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -224,7 +224,7 @@ def fill_task_context(task_cls: Any, encoding: str | None, encoding_cls: Any, se
     if missing:
         from posbench.tasks import TASKS
 
-        helps = getattr(encoding_cls, "task_context_help", {})
+        helps = encoding_cls.task_context_help
         what = ", ".join(f"{key} ({helps[key]})" if key in helps else key for key in missing)
         givers = [name for name in TASKS if TASKS[name].needs_model       # (bench builds its own models)
                   and all(key in TASKS[name].encoding_context(dict(TASKS[name].options)) for key in needed)]
