@@ -9,10 +9,12 @@ needs. Scale 1/sqrt(D); softmax in float32 (at least) on the eager path.
 
 - ``eager``: explicit scores and softmax; the reference every other backend is tested against.
 - ``sdpa``: ``F.scaled_dot_product_attention`` (fused flash / memory-efficient kernels on GPU); a bias is
-  materialised and folded with the causal mask into one float mask (SDPA refuses both together). Values
-  wider than the keys (TAPE) leave the CPU's flash kernel for its math kernel, which computes every score
-  and then masks half of them; there, the queries go in blocks of about ``CAUSAL_BLOCK`` rows, each attending
-  only the keys it may see (exact; a quarter to half less work).
+  materialised and folded with the causal mask into one float mask (SDPA refuses both together). On a CPU,
+  from two blocks of ``CAUSAL_BLOCK`` queries up, the queries go in blocks, each attending only the keys it
+  may see (``posbench.query_blocks``): with a bias, always (the bias of each block's rows only, plain
+  operations with a hand-written backward, so a learned bias gets its gradient without SDPA's math kernel);
+  without one, when the values are wider than the keys (TAPE), which would leave the flash kernel for the
+  math kernel over every score.
 - ``sdpa_split``: SDPA once per D-wide slice of wide values, so that each call has equal q / k / v widths
   (the flash kernel's condition); the same softmax aggregates every slice.
 - ``flex``: FlexAttention with a causal ``BlockMask``; a ``ScoreBias`` is evaluated inside the kernel as a
@@ -46,15 +48,13 @@ from torch import Tensor
 
 from posbench.bias import ScoreBias, tensor_score_mod
 from posbench.errors import UserError
+from posbench.query_blocks import CAUSAL_BLOCK, biased_query_blocks, causal_mask, causal_query_blocks
 
 Bias = ScoreBias | Tensor | None
 BACKENDS: dict[str, Callable[..., Tensor]] = {}
 
 FLEX_AVAILABLE = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 FLASH_ATTN_INSTALLED = importlib.util.find_spec("flash_attn") is not None
-#: rows per query block of the CPU's causal attention over wide values (measured: 2 blocks at 256 tokens
-#: save a quarter, 8 at 1024 save half; below 128 queries one block is fastest)
-CAUSAL_BLOCK = 128
 #: FlexAttention's default block size; every length it is given is padded to a multiple of it
 FLEX_BLOCK = 128
 #: FlexAttention's smallest head size on CUDA (``tl.dot`` needs 16)
@@ -84,18 +84,17 @@ def backend(name: str):
     return register
 
 
-def causal_mask(nq: int, nk: int, device) -> Tensor:
-    """Boolean ``[Nq, Nk]``: True where query i may attend key j (bottom-right aligned)."""
-    return torch.ones(nq, nk, dtype=torch.bool, device=device).tril(diagonal=nk - nq)
-
-
 def as_tensor(bias: Bias, q: Tensor, q_pos: Tensor | None, k_pos: Tensor | None) -> Tensor | None:
     """A materialised bias ``[B or 1, H, Nq, Nk]`` (or None)."""
     if isinstance(bias, ScoreBias):
-        if q_pos is None or k_pos is None:
-            raise ValueError("a ScoreBias needs q_pos and k_pos")
+        check_positions(bias, q_pos, k_pos)
         return bias.materialise(q.shape[1], q_pos, k_pos)
     return bias
+
+
+def check_positions(bias: Bias, q_pos: Tensor | None, k_pos: Tensor | None) -> None:
+    if isinstance(bias, ScoreBias) and (q_pos is None or k_pos is None):
+        raise ValueError("a ScoreBias needs q_pos and k_pos")
 
 
 @backend("eager")
@@ -112,6 +111,9 @@ def eager_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_p
 @backend("sdpa")
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None) -> Tensor:
     nq, nk = q.shape[-2], k.shape[-2]
+    if bias is not None and q.device.type == "cpu" and nq >= 2 * CAUSAL_BLOCK:
+        check_positions(bias, q_pos, k_pos)
+        return biased_query_blocks(q, k, v, bias, q_pos, k_pos, nq // CAUSAL_BLOCK)
     bias = as_tensor(bias, q, q_pos, k_pos)
     if bias is None and nq == nk and q.device.type == "cpu" and v.shape[-1] != q.shape[-1] and nq >= 2 * CAUSAL_BLOCK:
         return causal_query_blocks(q, k, v, min(8, nq // CAUSAL_BLOCK))
@@ -124,19 +126,6 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_po
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     float_mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask)
-
-
-def causal_query_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: int) -> Tensor:
-    """Causal self-attention (Nq = Nk) with the queries in ``blocks`` row blocks: block [s, e) attends keys
-    [0, e) only, so the masked scores right of the diagonal block are never computed."""
-    n = q.shape[-2]
-    edges = [round(i * n / blocks) for i in range(blocks + 1)]
-    parts = [F.scaled_dot_product_attention(q[..., :edges[1], :], k[..., :edges[1], :], v[..., :edges[1], :],
-                                            is_causal=True)]
-    for start, end in zip(edges[1:-1], edges[2:]):
-        parts.append(F.scaled_dot_product_attention(q[..., start:end, :], k[..., :end, :], v[..., :end, :],
-                                                    attn_mask=causal_mask(end - start, end, q.device)))
-    return torch.cat(parts, dim=-2)
 
 
 @backend("sdpa_split")

@@ -16,7 +16,8 @@ FlexAttention supports one gather per such tensor: pass a second view for a seco
 scalars shape ``[1]`` and read them as ``t[0]`` (0-d captured tensors with gradients fail in FlexAttention's
 backward); compute in the dtype of the tensors, not the positions'.
 
-A bias that reads the positions only through ``q_pos - k_pos`` says so (``relative=True``). Materialising it for
+A bias that reads the positions only through ``q_pos - k_pos`` says so (``relative=True``); one that does so
+while every query position is below some value (FIRE, below its L) gives that value (``relative_below``). Materialising it for
 one row of consecutive query positions and one of consecutive key positions (the usual case: every row of the
 batch shares positions 0..N-1, or a cache's offset) then evaluates ``fn`` once per distinct distance, Nq + Nk - 1
 of them, and lays the values out as the Toeplitz matrix they form: the same ``fn`` on the same distances, so the
@@ -42,27 +43,35 @@ class ScoreBias:
     fn: BiasFn                          # fn(head, q_pos, k_pos, *tensors) -> bias, element-wise
     tensors: tuple[Tensor, ...] = ()
     relative: bool = False              # fn reads the positions only through q_pos - k_pos
+    relative_below: Tensor | None = None   # ... at least while every query position is below this ([1])
 
     def materialise(self, n_heads: int, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The bias ``[B or 1, H, Nq, Nk]`` for positions ``[B or 1, Nq]`` and ``[B or 1, Nk]``."""
         head = torch.arange(n_heads, device=q_pos.device).view(1, n_heads, 1, 1)
-        if self.relative and q_pos.shape[0] == 1 and k_pos.shape[0] == 1 and not torch.compiler.is_compiling() \
-                and consecutive(q_pos[0]) and consecutive(k_pos[0]):
+        if (self.relative or self.relative_below is not None) and q_pos.shape[0] == 1 and k_pos.shape[0] == 1 \
+                and not torch.compiler.is_compiling() and consecutive(q_pos[0]) and consecutive(k_pos[0]) \
+                and self.relative_at(q_pos):
             return self.toeplitz(head, q_pos[0], k_pos[0])
         bias = self.fn(head, q_pos[:, None, :, None], k_pos[:, None, None, :], *self.tensors)
         batch = max(q_pos.shape[0], k_pos.shape[0])
         return bias.expand(batch, n_heads, q_pos.shape[-1], k_pos.shape[-1])
 
+    def relative_at(self, q_pos: Tensor) -> bool:
+        """Whether ``fn(i, j) == fn(i - j, 0)`` for these query positions (read on the host)."""
+        return self.relative or bool((q_pos.max() < self.relative_below.detach()).all())
+
     def toeplitz(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The bias ``[1, H, Nq, Nk]`` for consecutive positions ``[Nq]`` and ``[Nk]``: entry (i, j) has distance
-        d0 + i - j, d0 = q_pos[0] - k_pos[0]. ``fn`` is evaluated at the Nq + Nk - 1 distances d0 - (Nk - 1) + m,
-        m = 0..Nq + Nk - 2, so that entry (i, j) is value m = i - j + Nk - 1: window i of Nk values, reversed."""
+        d0 + i - j, d0 = q_pos[0] - k_pos[0]. ``fn`` is evaluated once per distance, in descending order: value
+        t = 0..Nq + Nk - 2 is distance d0 + Nq - 1 - t, so that entry (i, j) is value j - i + Nq - 1. Laid out
+        without a strided copy: the Nq + Nk - 1 values repeated Nq times, read from offset Nq - 1 as rows of
+        Nq + Nk - 2, start row i one value earlier than row i - 1 (its first Nk values are the row). Backward,
+        the same steps in reverse: contiguous copies and a sum over the repeats."""
         nq, nk = q_pos.shape[0], k_pos.shape[0]
-        distances = (q_pos[0] - k_pos[0]) - (nk - 1) + torch.arange(nq + nk - 1, device=q_pos.device)
+        distances = (q_pos[0] - k_pos[0]) + (nq - 1) - torch.arange(nq + nk - 1, device=q_pos.device)
         values = self.fn(head, distances.view(1, 1, 1, -1), torch.zeros_like(distances[:1]).view(1, 1, 1, 1),
-                         *self.tensors)                               # [1, H or 1, 1, Nq + Nk - 1]
-        bias = values.unfold(-1, nk, 1).flip(-1)[:, :, 0]             # [1, H or 1, Nq, Nk]
-        return bias.expand(1, head.shape[1], nq, nk)
+                         *self.tensors)[:, :, 0]                      # [1, H or 1, Nq + Nk - 1]
+        return ToeplitzLayout.apply(values, nq, nk).expand(1, head.shape[1], nq, nk)
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor):
         """A FlexAttention ``score_mod`` adding the bias; query / key indices map to positions through
@@ -81,6 +90,40 @@ class ScoreBias:
         def per_row(score, b, h, q_idx, kv_idx):
             return score + fn(h, q_pos[b, q_idx], k_pos[b, kv_idx], *tensors)
         return per_row
+
+
+class ToeplitzLayout(torch.autograd.Function):
+    """values ``[1, H, Nq + Nk - 1]`` -> ``[1, H, Nq, Nk]``, entry (i, j) = value j - i + Nq - 1: a view of the
+    values repeated Nq times, read from offset Nq - 1 in rows of Nq + Nk - 2 (row i starts one value before row
+    i - 1 and ends past the Nk it shows). Backward: the gradient written back through the same view, the
+    entries it skips zeroed, summed over the repeats (one copy and one sum, where autograd through the view
+    fills two buffers with zeros and copies twice)."""
+
+    @staticmethod
+    def forward(ctx, values: Tensor, nq: int, nk: int) -> Tensor:
+        ctx.nq, ctx.nk = nq, nk
+        if nq == 1:
+            return values[:, :, None, :]
+        return ToeplitzLayout.window(values.repeat(1, 1, nq), nq, nk)
+
+    @staticmethod
+    def window(repeated: Tensor, nq: int, nk: int) -> Tensor:
+        width = nq + nk - 2
+        return repeated[..., nq - 1:nq - 1 + nq * width].view(*repeated.shape[:-1], nq, width)[..., :nk]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        nq, nk = ctx.nq, ctx.nk
+        if nq == 1:
+            return grad[:, :, 0, :], None, None
+        width = nq + nk - 2
+        repeated = grad.new_empty(*grad.shape[:2], nq * (nq + nk - 1))
+        rows = repeated[..., nq - 1:nq - 1 + nq * width].view(*grad.shape[:2], nq, width)
+        rows[..., :nk].copy_(grad)
+        rows[..., nk:].zero_()                      # what the view skips: zeros, summed with the rest
+        repeated[..., :nq - 1].zero_()
+        repeated[..., nq - 1 + nq * width:].zero_()
+        return repeated.view(*grad.shape[:2], nq, nq + nk - 1).sum(2), None, None
 
 
 def consecutive(pos: Tensor) -> bool:

@@ -19,11 +19,11 @@ LOG="$OUT/session.log"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c \
   "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } 2>&1 | tee "$LOG"
 
-timeout 240 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tail -n 60 | tee "$OUT/pytest-gpu.log"
+timeout 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tail -n 60 | tee "$OUT/pytest-gpu.log"
 
 bench() {  # name, then posbench bench arguments
   local name=$1; shift
-  timeout 150 python3 -m posbench bench --size paper --device cuda --quiet --out /tmp/bench-"$name" "$@" \
+  timeout 90 python3 -m posbench bench --size paper --device cuda --quiet --out /tmp/bench-"$name" "$@" \
     2>&1 | tee -a "$LOG"
   cp /tmp/bench-"$name"/bench/*/*/result.json "$OUT/bench-$name.json" 2>/dev/null || echo "no result: $name" >> "$LOG"
 }

@@ -41,4 +41,4 @@ class ALiBi(PositionalEncoding):
         self.register_buffer("slopes", torch.tensor(alibi_slopes(self.n_heads)), persistent=False)
 
     def score_bias(self, layer: int) -> ScoreBias:
-        return ScoreBias(alibi_bias, (self.slopes,))
+        return ScoreBias(alibi_bias, (self.slopes,), relative=True)

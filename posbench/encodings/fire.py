@@ -37,9 +37,12 @@ def fire_bias(head: Tensor, q_pos: Tensor, k_pos: Tensor, c_num: Tensor, c_den: 
     q = q_pos.to(slope.dtype)
     u = torch.log(torch.abs(c_num[0] * (q - k_pos.to(slope.dtype))) + 1) / \
         (torch.log(torch.abs(c_den[0] * torch.maximum(q, threshold[0])) + 1) + eps)
-    segment = (u > breaks[0]).to(torch.int64)
-    for k in range(1, breaks.shape[0]):
-        segment = segment + (u > breaks[k]).to(torch.int64)
+    if torch.compiler.is_compiling():           # inside a compiled kernel: element-wise comparisons only
+        segment = (u > breaks[0]).to(torch.int64)
+        for k in range(1, breaks.shape[0]):
+            segment = segment + (u > breaks[k]).to(torch.int64)
+    else:                                       # the same count (breakpoints below u) in one pass
+        segment = torch.bucketize(u, breaks)
     return slope[segment, head] * u + icpt[segment, head]
 
 
@@ -73,7 +76,7 @@ class FIRELayer(nn.Module):
         breaks, slope, icpt = self.pieces()
         threshold = torch.abs(self.l_mult * self.init_l).view(1)
         return ScoreBias(partial(fire_bias, eps=self.eps),
-                         (self.c.view(1), self.c.view(1), threshold, breaks, slope, icpt))
+                         (self.c.view(1), self.c.view(1), threshold, breaks, slope, icpt), relative_below=threshold)
 
     def mlp_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The definition, through the MLP itself (``[B, H, Nq, Nk]``): the reference the pieces are tested

