@@ -67,17 +67,17 @@ def biased_query_blocks(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | Tenso
     edges = block_edges(nq, blocks)
     spans = list(zip(edges[:-1], edges[1:]))
     if isinstance(bias, Tensor):                # split once: one backward copy, not a square of zeros per block
-        rows = [piece[..., :nk - nq + end] for piece, (_, end) in
-                zip(bias.split([end - start for start, end in spans], dim=-2), spans)]
+        pieces = bias.split([end - start for start, end in spans], dim=-2)
+        rows = (piece[..., :nk - nq + end] for piece, (_, end) in zip(pieces, spans))
+        bias_grad = bias.requires_grad
     else:
-        rows = [bias.materialise(q.shape[1], q_pos[:, start:end], k_pos[:, :nk - nq + end]) for start, end in spans]
+        rows = (bias.materialise(q.shape[1], q_pos[:, start:end], k_pos[:, :nk - nq + end]) for start, end in spans)
+        bias_grad = any(t.requires_grad for t in bias.tensors)
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))
-    inputs = (q, k, v, *rows)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        return BiasedBlocks.apply(tuple(spans), *inputs)
-    return block_forward(tuple(spans), q, k, v, rows, keep=None)
-
+    if torch.is_grad_enabled() and (bias_grad or any(t.requires_grad for t in (q, k, v))):
+        return BiasedBlocks.apply(tuple(spans), q, k, v, *rows)
+    return block_forward(tuple(spans), q, k, v, rows, keep=None)   # each block's bias made when it is used
 
 def block_scores(q: Tensor, k: Tensor, bias: Tensor, start: int, end: int, keys: int) -> Tensor:
     """Block [start, end)'s attention weights over keys [0, keys): softmax(q k^T + bias) for queries ``q``

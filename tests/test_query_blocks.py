@@ -98,6 +98,25 @@ def test_blocks_without_gradients_equal_the_blocks_with():
     torch.testing.assert_close(without, with_grad.detach(), rtol=0, atol=0)
 
 
+def test_without_gradients_each_block_makes_its_bias_when_it_is_used(monkeypatch):
+    """A long evaluation holds one block's bias at a time: bias and scores alternate, block by block."""
+    import posbench.query_blocks as query_blocks
+
+    events = []
+    real_scores = query_blocks.block_scores
+    monkeypatch.setattr(query_blocks, "block_scores", lambda *a: events.append("scores") or real_scores(*a))
+
+    def counted(head, q_pos, k_pos, r):
+        events.append("bias")
+        return log_distance(head, q_pos, k_pos, r)
+
+    q, k, v = (torch.randn(1, 2, 300, 8) for _ in range(3))
+    pos = torch.arange(300)[None]
+    with torch.no_grad():
+        biased_query_blocks(q, k, v, ScoreBias(counted, (torch.rand(2),), relative=True), pos, pos, 3)
+    assert events == ["bias", "scores"] * 3
+
+
 def test_blocks_under_bf16_autocast_stay_within_bf16_of_the_float64_definition():
     q, k, v = (t.detach().float().requires_grad_() for t in leaves(6, (1, 2, 256, 16), (1, 2, 256, 16),
                                                                      (1, 2, 256, 16)))
