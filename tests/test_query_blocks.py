@@ -251,14 +251,14 @@ def test_fire_is_laid_out_by_distance_only_below_its_threshold(monkeypatch):
 
 # ---- glibc keeps freed memory for the next step -------------------------------------------------------------
 def test_freed_memory_is_reused_without_new_page_faults():
-    """A step-like round (eight tensors of 4 to 24 MB made and freed), ten times after one warm-up: with glibc's
-    defaults each round maps its memory afresh (measured: 266,000 minor page faults over the ten rounds); after
-    ``keep_freed_memory()`` it reuses what the warm-up freed (2,000 to 6,000). Each setting in its own child
-    process, since it is process-wide."""
+    """A step-like round (eight tensors, 104 MB written) ten times after one warm-up: 266,000 pages written. After
+    ``keep_freed_memory()`` the rounds reuse what the warm-up freed: measured 2,000 to 6,000 minor page faults,
+    where glibc's defaults gave 30,000 to 266,000 (how many depends on its dynamic mmap threshold, so the bound
+    is on the pages written, not on the defaults). In a child process: the setting is process-wide."""
     code = """
 import resource, sys, torch
 from posbench.train.device import keep_freed_memory
-if sys.argv[1] == "keep" and not keep_freed_memory():
+if not keep_freed_memory():
     print("skip"); sys.exit(0)
 def step():
     tensors = [torch.ones(n) for n in (2 << 20, 6 << 20, 4 << 20, 1 << 20)]
@@ -269,11 +269,8 @@ for _ in range(10):
     step()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
-    faults = {}
-    for setting in ("default", "keep"):
-        out = subprocess.run([sys.executable, "-c", code, setting], capture_output=True, text=True,
-                             check=True).stdout.split()
-        if out == ["skip"]:
-            pytest.skip("not glibc: malloc's settings are left alone")
-        faults[setting] = int(out[0])
-    assert faults["keep"] < 0.1 * faults["default"], faults
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    if out == ["skip"]:
+        pytest.skip("not glibc: malloc's settings are left alone")
+    pages_written = 10 * 2 * (2 + 6 + 4 + 1) * (1 << 20) * 4 // 4096
+    assert int(out[0]) < 0.1 * pages_written, (int(out[0]), pages_written)
