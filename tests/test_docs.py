@@ -130,14 +130,35 @@ def test_every_python_block_runs(workdir, monkeypatch):
 
 
 def test_the_readme_is_a_front_door():
-    """Under 250 lines; the quick start's two commands, the test command CI runs, and a link to every page."""
+    """Under 250 lines; the quick start's two commands, the test command CI runs (through the lock), and a link to
+    every page."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) < 250
     assert "posbench run --encoding rope,alibi --task perplexity" in readme
-    assert 'python -m pip install -q "torch==2.13.0" -e ".[dev]" && python -m pytest -q' in readme
+    command = 'python -m pip install -q "torch==2.13.0" -c constraints.txt -e ".[dev]" && python -m pytest -q'
+    assert command in readme
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    assert 'python -m pip install -q "torch==2.13.0" -e ".[dev]"' in ci and "python -m pytest -q" in ci
+    assert command in ci
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert f"](docs/{page.name})" in readme, page.name
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (ROOT / link).exists(), link
+
+
+def test_the_lock_pins_every_dependency_the_project_declares():
+    """constraints.txt gives one exact version (``==``) for each runtime and dev dependency in pyproject.toml, and
+    torch at the CPU build the test command installs."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["dev"]
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, line
+            pins[re.sub(r"[-_.]+", "-", name.lower())] = version
+    for requirement in wanted:
+        name = re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[ ]", requirement, maxsplit=1)[0].lower())
+        assert name in pins, requirement
+    assert pins["torch"] == "2.13.0"

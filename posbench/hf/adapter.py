@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys
 
 from posbench.generate import greedy_generate
+from posbench.hf.cache_api import cache_kwargs
 from posbench.hf.rope import llama_of
 
 
@@ -60,7 +61,7 @@ class HFCausalLM(nn.Module):
         if positions is not None:
             positions = positions.to(tokens.device)
             kwargs["position_ids"] = positions.expand(tokens.shape[0], -1) if positions.dim() == 1 else positions
-        out = self.hf(input_ids=tokens, past_key_values=cache, use_cache=cache is not None, **kwargs)
+        out = self.hf(input_ids=tokens, use_cache=cache is not None, **cache_kwargs(cache), **kwargs)
         return out.logits
 
     def new_cache(self, capacity: int = 0):

@@ -26,6 +26,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreT
 from transformers import initialization as init
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from posbench.hf.cache_api import causal_lm_output, take_cache
 from posbench.generate import shared_rows
 from posbench.model import ModelConfig, RMSNorm, Transformer
 
@@ -110,20 +111,21 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
         self.model.lm_head = value
 
     def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
-                position_ids: Tensor | None = None, past_key_values=None, inputs_embeds: Tensor | None = None,
+                position_ids: Tensor | None = None, inputs_embeds: Tensor | None = None,
                 labels: Tensor | None = None, use_cache: bool | None = None, logits_to_keep: int = 0,
                 **kwargs: Any) -> CausalLMOutputWithPast:
+        cache = take_cache(kwargs)          # ``cache`` from transformers 5.24, ``past_key_values`` before
         if input_ids is None or inputs_embeds is not None:
             raise ValueError("a posbench model takes input_ids (not inputs_embeds)")
         if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
             raise ValueError("a posbench model takes no padding: give every row a full prompt (all-ones "
                              "attention mask)")
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and past_key_values is None:
+        if use_cache and cache is None:
             from transformers import DynamicCache
 
-            past_key_values = DynamicCache(config=self.config)
-        view = CacheView(past_key_values, self.config.n_layers) if past_key_values is not None else None
+            cache = DynamicCache(config=self.config)
+        view = CacheView(cache, self.config.n_layers) if cache is not None else None
         logits = self.model(input_ids, positions=position_ids, cache=view)
         if view is not None:
             view.store_positions()
@@ -133,8 +135,7 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
                                                ignore_index=-100)
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
-        return CausalLMOutputWithPast(loss=loss, logits=logits,
-                                      past_key_values=past_key_values if use_cache else None)
+        return causal_lm_output(loss=loss, logits=logits, cache=cache if use_cache else None)
 
     # ---- initialisation (from_pretrained builds on the meta device) ----------------------------------
     @torch.no_grad()

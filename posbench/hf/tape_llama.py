@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from posbench.encodings.rope import training_offset
 from posbench.encodings.tape import TAPELayer, rotate_by_state
+from posbench.hf.cache_api import take_cache
 
 
 class TapeState:
@@ -129,7 +130,8 @@ class TapeAttention(nn.Module):
         self._state = state
 
     def forward(self, hidden_states: Tensor, position_embeddings=None, attention_mask: Tensor | None = None,
-                past_key_values=None, **kwargs) -> tuple[Tensor, None]:
+                **kwargs) -> tuple[Tensor, None]:
+        cache = take_cache(kwargs)          # ``cache`` from transformers 5.24, ``past_key_values`` before
         b, n, _ = hidden_states.shape
         shape = (b, n, -1, self.head_dim)
         q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
@@ -140,8 +142,8 @@ class TapeAttention(nn.Module):
         last = self._state.is_last(self.layer_idx)
         if not last:                                                     # aggregated by the same weights as v
             v = torch.cat((v, state.to(v.dtype)), dim=-1)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
         out = self._attend(q, k, v, attention_mask, **kwargs)           # [B, N, H, Dv]
         if not last:
             aggregated = out[..., self.head_dim:].transpose(1, 2)        # [B, H, N, D] (tied)
