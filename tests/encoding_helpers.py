@@ -21,6 +21,14 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """Forget every compiled graph before and after a test (compile tests count the graphs they make)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 BUILTIN = ["abacus", "alibi", "cope", "dape", "fire", "kerple", "nope", "randpe", "rope", "sandwich", "t5", "tape", "xpos"]
 #: encodings whose bias is computed from q and k (``context_bias``): a tensor, never on flex or flash_attn
 CONTEXTUAL = ["cope", "dape"]

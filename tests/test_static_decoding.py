@@ -14,19 +14,12 @@ from torch._dynamo.testing import CompileCounter
 
 from posbench.generate import Decoder, StaticCache
 
-from encoding_helpers import one_thread  # noqa: F401 (a fixture)
+from encoding_helpers import fresh_dynamo, one_thread  # noqa: F401 (fixtures)
 from encoding_helpers import BUILTIN, assert_close, tiny, tokens
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "fresh_dynamo")
 
 NEW = 32
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("encoding", BUILTIN)
