@@ -96,7 +96,7 @@ class CoPE(PositionalEncoding):
         with torch.autocast(q.device.type, enabled=False):
             q_rev = q.to(dtype).flip(-2) * (1.0 / math.sqrt(self.head_dim))
             logits = q_rev @ k.to(dtype).flip(-2).transpose(-2, -1)
-            if q.shape[-2] == 1:        # a static cache's one-token step: its empty slots count no gate
+            if q.shape[-2] == 1 and k_pos is not None:     # a static cache's one-token step: empty slots, no gate
                 logits = logits.masked_fill((k_pos == UNWRITTEN).flip(-1)[:, None, None, :], float("-inf"))
             positions = reversed_positions(logits, self.npos_max)
             table = self.pos_emb[layer].to(dtype)
