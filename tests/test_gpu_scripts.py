@@ -85,13 +85,11 @@ def test_each_cell_is_written_when_it_finishes(tmp_path, monkeypatch):
     assert [c["encoding"] for c in finished] == ["rope", "alibi"] and all(c["compiled"] for c in finished)
 
 
-def test_a_hit_recompile_limit_is_an_error_not_an_eager_fallback(monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-
+def test_a_hit_recompile_limit_is_an_error_not_an_eager_fallback():
     def scaled(x, factor):
         return x * factor
 
-    with speed.strict_compilation():
+    with torch._dynamo.config.patch(recompile_limit=1), speed.strict_compilation():
         speed.fresh_compiler()
         compiled = torch.compile(scaled, backend="eager")
         compiled(torch.ones(2), 2)
