@@ -1,17 +1,24 @@
 """Files that are never half-written: atomic writes (a temporary file in the same directory, then a rename),
-JSON lines, JSON reading with one-line errors, and content hashes."""
+JSON lines, JSON reading with one-line errors, and content hashes.
+
+A write that the machine refuses (disk full, permission) is one line (``posbench.errors.os_error``) and leaves
+no temporary file; reading opens regular files only (a FIFO named ``result.json`` would block a reader
+forever) and a file nested too deep for the JSON parser is unreadable, not a crash."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from posbench.errors import UserError
+from posbench.errors import UserError, os_error
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -24,18 +31,28 @@ class FileError(UserError):
 def atomic_save(path: Path, writer: Callable[[Path], None]) -> Path:
     """Call ``writer(tmp_path)`` then rename the temp file onto ``path`` (same directory, so atomic)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "it is a directory", str(path))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except FileExistsError:                     # a file where a directory of the path should be
+        raise os_error(NotADirectoryError(errno.ENOTDIR, "a file is in the way of its directory", str(path)),
+                       "write") from None
+    except OSError as exc:
+        raise os_error(OSError(exc.errno, exc.strerror, str(path)), "write") from None
     os.close(fd)
     try:
         writer(Path(tmp))
         os.chmod(tmp, 0o666 & ~_UMASK)          # mkstemp creates 0600; give the usual file mode
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise os_error(OSError(exc.errno, exc.strerror, str(path)), "write") from None
         raise
     return path
 
@@ -90,21 +107,58 @@ def read_json(path: Path | str, *, missing: str = "{path} does not exist",
     ``unreadable`` (both may name ``{path}``; ``unreadable`` also ``{reason}``, the first line of the cause)."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_regular(path))
     except FileNotFoundError:
         raise error(missing.replace("{path}", str(path))) from None
-    except (OSError, ValueError) as exc:          # ValueError covers bad JSON and bad UTF-8
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+    except (OSError, ValueError, RecursionError) as exc:   # ValueError: bad JSON, bad UTF-8, huge integers
+        reason = "nested too deep" if isinstance(exc, RecursionError) else \
+            (str(exc).splitlines() or [type(exc).__name__])[0]
         raise error(unreadable.replace("{path}", str(path)).replace("{reason}", reason)) from None
 
 
 def json_object(path: Path | str) -> dict[str, Any] | None:
     """The JSON object in ``path``, or None when there is none (missing, unreadable, not an object)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_regular(Path(path)))
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_regular(path: Path) -> str:
+    """The text of ``path`` if it is a regular file; a FIFO or a device is refused (``OSError``) without
+    waiting: it is opened non-blocking and checked before anything is read (reading one can block forever)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"not a regular file: {path}")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read().decode("utf-8")
+    finally:
+        os.close(fd)
+
+
+#: a name posbench makes a directory or file of (a run's task and label, a phase, a tokenizer file): letters,
+#: digits, '_', '.', '+', '-', starting with a letter or digit; so never '..', a separator or an absolute path
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}")
+
+
+def check_name(value: Any, what: str, error: type[UserError] = UserError) -> str:
+    """``value`` if it is a safe single path component (``NAME``), else ``error`` with one line naming ``what``
+    (where the value was read: a label from a model directory's metadata, a name from a run's record...)."""
+    if isinstance(value, str) and NAME.fullmatch(value):
+        return value
+    raise error(f"{what} is {str(value)[:120]!r}, which posbench does not use as a file or directory name "
+                f"(letters, digits, '_', '.', '+', '-'; at most 100, starting with a letter or digit)")
+
+
+def inside(root: Path, path: Path) -> bool:
+    """Whether ``path`` (resolved) lies inside ``root`` (resolved)."""
+    try:
+        Path(path).resolve().relative_to(Path(root).resolve())
+    except ValueError:
+        return False
+    return True
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

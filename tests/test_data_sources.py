@@ -64,7 +64,7 @@ def test_text_field_option_and_missing_field(tmp_path):
     _write_jsonl(tmp_path / "c.jsonl", DOCS, field="content")
     src = open_source(str(tmp_path / "c.jsonl"), text_field="content")
     assert sorted(sum(_all(src), [])) == sorted(DOCS)
-    with pytest.raises(DataError, match="no 'text' field.*--text-field"):
+    with pytest.raises(DataError, match="no 'text' field.*--set task.text_field=NAME"):
         list(open_source(str(tmp_path / "c.jsonl")).documents("train"))
 
 

@@ -65,5 +65,10 @@ def test_the_task_checks_in_validate_before_any_run_directory(tmp_path, capsys):
     code = main(["run", "-e", "rope", "-t", "pretrain", "-p", "tiny", "--data", str(tmp_path / "e"),
                  "-o", str(tmp_path / "out"), "-q"])
     err = capsys.readouterr().err
-    assert code == 2 and "no 'text' field" in err and "--text-field" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "no 'text' field" in err and len(err.strip().splitlines()) == 1
+    assert "pass --set task.text_field=NAME" in err          # an option that exists (main named --text-field)
     assert not (tmp_path / "out").exists()
+    # and what it names works
+    cfg = resolve_run_config("pretrain", "rope", "tiny", sets=["task.text_field=content"],
+                             task_flags={"data": str(tmp_path / "e")})
+    assert cfg.task_options["text_field"] == "content"

@@ -1,12 +1,13 @@
 """Several processes on a CPU with gloo, started as torchrun starts them: DDP and FSDP2 reach the loss curve of
 one process with the same global batch, rank 0 alone writes, a checkpoint resumes at another world size, and
-sharded evaluation gives the single-process metrics.
+sharded evaluation gives the single-process metrics; a frozen rank ends the job in one line.
 
 One two-process session (``two_ranks``, spawned once for the module) runs every job; the tests check its
 outputs against single-process runs made here.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -207,3 +208,48 @@ def test_assign_balances_and_covers_every_item():
     loads = [sum(p) for p in parts]
     assert max(loads) <= sum(loads) / 3 + 9          # largest first: at most the mean plus one item
     assert [len(p) for p in distributed.assign(list(range(10)), 3)] == [4, 3, 3]
+
+
+FROZEN_RANK = """
+import os, signal, sys
+rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                  MASTER_ADDR="127.0.0.1", MASTER_PORT=port, POSBENCH_DIST_TIMEOUT="5")
+import time
+import torch
+torch.set_num_threads(1)
+import posbench.runs.runner, posbench.tasks.arithmetic            # the slow imports, before the ranks meet
+from posbench.train import trainer
+open(f"{out}.ready{rank}", "w").close()                           # both ready: joining the group takes seconds,
+while not os.path.exists(f"{out}.ready{1 - rank}"):              # not the import time of a loaded machine
+    time.sleep(0.05)
+step = trainer.Trainer.step
+def step_then_freeze(self, i):
+    if rank == 1 and i == 2:                      # rank 1 stops dead before its third step (as SIGSTOP does)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return step(self, i)
+trainer.Trainer.step = step_then_freeze
+from posbench.cli import main
+sys.exit(main(["run", "-e", "rope", "-t", "arithmetic", "-p", "tiny", "--device", "cpu", "-o", out, "-q",
+               "--steps", "6", "--set", "batch_size=8"]))
+"""
+
+
+def test_a_frozen_rank_ends_the_job_in_one_line_naming_it(tmp_path):
+    """Rank 1 is SIGSTOPped mid-training; rank 0's next collective times out (POSBENCH_DIST_TIMEOUT=5 s) and
+    it stops with one line naming rank 1 and exit code 1 (on main it waited torch's 30 minutes)."""
+    from distributed_helpers import free_port
+
+    port = str(free_port())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, "-c", FROZEN_RANK, str(r), port, str(tmp_path / "out")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        _, err = ranks[0].communicate(timeout=240)
+    finally:
+        ranks[1].kill()                           # SIGKILL ends a stopped process too
+        ranks[1].communicate()
+        ranks[0].kill()
+    lines = err.strip().splitlines()
+    assert ranks[0].returncode == 1 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("error: rank 1 of 2 stopped answering") and "POSBENCH_DIST_TIMEOUT" in lines[0]

@@ -1,9 +1,9 @@
 """The ``posbench`` command line: thin. Parses, calls the library, renders with rich.
 
 Each command is a function in its own module of ``posbench/cli/`` (``run``, ``ls``, ``compare``, ``score``...),
-registered on ``app`` below. Every user error is one line on stderr and exit code 2
-(``cli.common.user_errors``); a non-finite loss is one line and exit code 1; Ctrl-C says how to resume
-and exits 130.
+registered on ``app`` below. Every error is one line on stderr, printed by ``cli.common.print_error``:
+exit code 2 for bad input, 1 for the machine (disk full, permission, a lost process) and for a non-finite loss
+(``cli.common.user_errors``); Ctrl-C says how to resume and exits 130.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import typer
 
 from posbench.cli import bench, compare, export, extend, ls, run, score
-from posbench.cli.common import err
+from posbench.cli.common import err, print_error
 
 app = typer.Typer(
     name="posbench", add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     except usage as exc:
         ctx = getattr(exc, "ctx", None)
         command = f"{ctx.command_path} --help" if ctx is not None else "posbench --help"
-        err().print(f"[red]error:[/red] {one_line_text(exc.format_message())} (see '{command}')")
+        print_error(f"{one_line_text(exc.format_message())} (see '{command}')")
         return 2
     except exits as exc:
         return int(getattr(exc, "exit_code", 0) or 0)

@@ -1,4 +1,5 @@
-"""What every command shares: the consoles, the one-line user errors (exit code 2), small parsers.
+"""What every command shares: the consoles, the one-line errors (exit code 2 for bad input, 1 for the machine),
+small parsers.
 
 A command is a function in its own module of ``posbench/cli/``; ``posbench.cli.app`` registers it on the
 typer app. Command modules import this module, never ``posbench.cli.app``, so there is no import loop.
@@ -22,18 +23,33 @@ def err() -> Console:
 
 @contextmanager
 def user_errors():
-    """User errors -> one line on stderr, exit code 2 (no traceback); a non-finite loss -> exit code 1."""
+    """Every error a user can meet -> one line on stderr (``print_error``), no traceback: a ``UserError`` exits
+    with its ``exit_code`` (2 for bad input, 1 for the machine: disk full, permission, a lost process), an
+    ``OSError`` that got this far likewise (``posbench.errors.os_error``), a non-finite loss with 1."""
+    from posbench.errors import UserError, os_error
     from posbench.train.trainer import NonFiniteLossError
-    from posbench.errors import UserError
 
     try:
         yield
     except UserError as exc:
-        err().print(f"[red]error:[/red] {one_line(exc)}", markup=True)
-        raise typer.Exit(2) from None
+        if getattr(exc, "announce", True):      # a lost rank: one process of the job says it
+            print_error(one_line(exc))
+        raise typer.Exit(exc.exit_code) from None
+    except OSError as exc:
+        error = os_error(exc)
+        print_error(one_line(error))
+        raise typer.Exit(error.exit_code) from None
     except NonFiniteLossError as exc:
-        err().print(f"[red]error:[/red] {one_line(exc)}")
+        print_error(one_line(exc))
         raise typer.Exit(1) from None
+
+
+def print_error(message: str) -> None:
+    """``error: MESSAGE`` on stderr: the message as plain text (never rich markup, so that a message that
+    holds brackets, such as ``pip install 'posbench[tensorboard]'``, prints as it is)."""
+    from rich.text import Text
+
+    err().print(Text.assemble(("error:", "red"), " ", message), soft_wrap=True)
 
 
 def progress_reporter(quiet: bool):

@@ -86,8 +86,10 @@ def run(
             try:
                 outcome = runner.execute(config, out_dir, reporter=reporter, command=["posbench", *sys.argv[1:]])
             except KeyboardInterrupt:
-                err().print("[yellow]interrupted[/yellow]; continue with: posbench run --resume "
-                            f"{latest_run(out_dir, config.task, config.label)}")
+                unfinished = latest_run(out_dir, config.task, config.label)
+                how = (f"; continue with: posbench run --resume {unfinished}" if unfinished
+                       else " before the run started; nothing was written")
+                err().print("[yellow]interrupted[/yellow]" + how)
                 raise typer.Exit(130) from None
             show_outcome(outcome)
         if len(configs) > 1 and outcome.main:
@@ -101,8 +103,8 @@ def parse_seeds(seed: str | None, seeds: int | None) -> list[int]:
     if seed is not None and seeds is not None:
         raise ConfigError("give --seed or --seeds, not both")
     if seeds is not None:
-        if seeds < 1:
-            raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+        if not 1 <= seeds <= 1000:
+            raise ConfigError(f"--seeds must be between 1 and 1000, got {seeds}")
         return list(range(seeds))
     if seed is None:
         return [0]
@@ -121,9 +123,11 @@ def parse_seeds(seed: str | None, seeds: int | None) -> list[int]:
     return values
 
 
-def latest_run(root: Path, task: str, encoding: str) -> str:
-    runs = sorted((root / task / encoding).glob("*"))
-    return str(runs[-1]) if runs else str(root / task / encoding / "RUN_ID")
+def latest_run(root: Path, task: str, encoding: str) -> str | None:
+    """The newest run under ``root/task/encoding`` that has started (config.json) and not finished, if any."""
+    runs = [p for p in sorted((root / task / encoding).glob("*"))
+            if (p / "config.json").is_file() and not (p / "result.json").exists()]
+    return str(runs[-1]) if runs else None
 
 
 def show_outcome(outcome) -> None:

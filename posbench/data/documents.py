@@ -47,7 +47,7 @@ class _FileCursor:
         if columns is not None:
             if field not in columns:
                 raise DataError(f"{self.label} has no '{field}' field (columns: {', '.join(columns)}); "
-                                f"pass --text-field NAME")
+                                f"pass --set task.text_field=NAME")
             if len(columns) > 1:
                 ds = ds.select_columns([field])
         if self.rows:
@@ -59,7 +59,7 @@ class _FileCursor:
             for row in ds:
                 if field not in row:
                     raise DataError(f"{self.label} has no '{field}' field (columns: {', '.join(row)}); "
-                                    f"pass --text-field NAME")
+                                    f"pass --set task.text_field=NAME")
                 yield row[field]
         except DataError:
             raise
@@ -199,7 +199,7 @@ class DocumentReader:
                 value = row.get(field)
                 if value is None and field not in row:
                     raise DataError(f"hub data set '{hub.name}' has no '{field}' field (columns: {', '.join(row)}); "
-                                    f"pass --text-field NAME")
+                                    f"pass --set task.text_field=NAME")
                 if isinstance(value, str) and value:
                     yield value
         except DataError:

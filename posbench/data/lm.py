@@ -20,10 +20,20 @@ class TokenStream:
     characters: int
     sha256: str                 # SHA-256 of those documents' texts (UTF-8, each followed by NUL)
     truncated: bool             # True when max_tokens was reached (the split may hold more)
+    tokens_sha256: str = ""     # SHA-256 of the tokens (``tokens_hash``): what the record's data hash is
 
     def describe(self) -> dict[str, Any]:
         return {"tokens": int(len(self.tokens)), "documents": self.documents, "characters": self.characters,
-                "sha256": self.sha256, "truncated": self.truncated, "separator": "eos"}
+                "sha256": self.sha256, "tokens_sha256": self.tokens_sha256, "truncated": self.truncated,
+                "separator": "eos"}
+
+
+def tokens_hash(tokens: np.ndarray, vocab_size: int) -> str:
+    """The SHA-256 of ``tokens`` as a token cache stores them (little-endian uint16, or uint32 for a vocabulary
+    above 65,536 ids), so the same tokens have the same hash in memory and in a cache."""
+    from posbench.data.token_cache import token_dtype
+
+    return hashlib.sha256(np.ascontiguousarray(tokens, dtype=token_dtype(vocab_size)).tobytes()).hexdigest()
 
 
 def token_stream(source: TextSource, split: str, tokenizer: Tokenizer, max_tokens: int | None = None,
@@ -71,7 +81,7 @@ def token_stream(source: TextSource, split: str, tokenizer: Tokenizer, max_token
     truncated = stop
     if max_tokens is not None and len(tokens) > max_tokens:
         tokens = tokens[:max_tokens]
-    return TokenStream(tokens, docs, chars, h.hexdigest(), truncated)
+    return TokenStream(tokens, docs, chars, h.hexdigest(), truncated, tokens_hash(tokens, tokenizer.vocab_size))
 
 
 def chunk(tokens: np.ndarray | torch.Tensor, length: int) -> torch.Tensor:

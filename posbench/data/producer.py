@@ -1,8 +1,9 @@
 """Filling a token cache: documents read by one thread, tokenised in batches by another, appended and committed.
 
 :func:`produce` continues a cache from its last commit (``progress.json``: tokens, documents, characters, hash
-chain and the document reader's position), cuts off bytes written past it, and appends ``budget`` tokens at
-most. A :class:`_Prefetch` thread reads batches of documents (``datasets`` decompresses and parses in C, outside
+chain, the SHA-256 of the tokens and the document reader's position): it checks the committed bytes against
+that hash (a file that is shorter or differs is refused, never padded), cuts off bytes written past it, and
+appends ``budget`` tokens at most. Its last commit writes ``complete.json`` instead of ``progress.json``. A :class:`_Prefetch` thread reads batches of documents (``datasets`` decompresses and parses in C, outside
 the GIL) while this thread encodes them with the tokenizer's batch encoder (``tokenizers`` encodes a batch on
 every core, outside the GIL); every batch ends with a commit, so a killed run loses one batch at most.
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from posbench.files import json_object
+from posbench.data.cache_files import hash_tokens, read_state
 
 BATCH_CHARS = 4 << 20          # characters of text per tokenizer batch
 BATCH_DOCS = 4096
@@ -25,15 +26,17 @@ BATCH_DOCS = 4096
 
 def produce(cache, source, tokenizer) -> dict[str, Any]:
     """Tokenise ``cache.identity["split"]`` of ``source`` into ``cache`` from its last commit; the final state."""
-    state = json_object(cache.path("progress.json")) or {"tokens": 0, "documents": 0, "characters": 0,
-                                                        "sha256": "00" * 32, "reader": None}
+    state = read_state(cache.path("progress.json")) or {
+        "tokens": 0, "documents": 0, "characters": 0, "sha256": "00" * 32,
+        "tokens_sha256": hashlib.sha256().hexdigest(), "reader": None}
     itemsize = cache.dtype.itemsize
     written, docs, chars = int(state["tokens"]), int(state["documents"]), int(state["characters"])
     chain = bytes.fromhex(state["sha256"])
     data_path = cache.path("tokens.bin")
     with open(data_path, "ab"):
         pass
-    os.truncate(data_path, written * itemsize)                # bytes past the last commit are not trusted
+    tokens_hash = hash_tokens(data_path, written * itemsize, state.get("tokens_sha256") or "missing")
+    os.truncate(data_path, written * itemsize)    # bytes past the last commit are not trusted (never extends)
     if cache.bar is not None:
         cache.bar.update(written, first=True)
     budget, eos = cache.budget, int(tokenizer.eos_id)
@@ -63,15 +66,17 @@ def produce(cache, source, tokenizer) -> dict[str, Any]:
                     chars += len(text)
                 if truncated:
                     buf = buf[: budget - written]      # the last document is cut at the budget
-                f.write(buf.tobytes())
+                data = buf.tobytes()
+                f.write(data)
+                tokens_hash.update(data)
                 written += len(buf)
                 if truncated:
                     break
-                cache.commit(f, {"tokens": written, "documents": docs, "characters": chars,
-                                 "sha256": chain.hex(), "reader": reader_state})
+                cache.commit(f, {"tokens": written, "documents": docs, "characters": chars, "sha256": chain.hex(),
+                                 "tokens_sha256": tokens_hash.hexdigest(), "reader": reader_state})
             final = {"tokens": written, "documents": docs, "characters": chars, "sha256": chain.hex(),
-                     "truncated": truncated}
-            cache.commit(f, {**final, "reader": None})
+                     "tokens_sha256": tokens_hash.hexdigest(), "truncated": truncated}
+            cache.commit(f, final, complete=True)
     finally:
         batches.close()
     return final

@@ -251,9 +251,9 @@ def open_source(spec: str | None, text_field: str = "text", holdout_every: int =
         return TextSource(spec=corpus.NAME, kind="builtin", text_field="text")
     path = Path(os.path.expanduser(spec))
     if path.exists():
-        files = _local_files(path)
+        root = path.resolve() if path.is_dir() else path       # files and root alike (a relative --data DIR)
         return TextSource(spec=spec, kind="local", text_field=text_field, holdout_every=holdout_every,
-                          files=files, root=path.resolve() if path.is_dir() else path)
+                          files=_local_files(root), root=root)
     if spec.lower().rstrip("/") in ("scrolls", "tau/scrolls", "hf://datasets/tau/scrolls"):
         raise DataError(f"{spec} is the SCROLLS benchmark, which the scrolls task reads (posbench run -t scrolls), "
                         f"not a text corpus; {WHAT_TO_PASS}")

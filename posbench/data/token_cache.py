@@ -9,12 +9,21 @@ wait only for the tokens they need.
 Layout of a cache directory::
 
     meta.json       what the cache holds: source identity, split, tokenizer identity, budget, dtype (the key)
-    tokens.bin      the ids, documents in order, each followed by EOS; uint16 when the vocabulary fits, else uint32
+    tokens.bin      the ids, documents in order, each followed by EOS; little-endian uint16 when the
+                    vocabulary fits, else uint32
     progress.json   the last commit (after every batch of documents): tokens, documents, characters, hash
-                    chain, and the document reader's position -- written atomically after tokens.bin is
-                    flushed to disk
-    complete.json   written last, atomically: the final counts and hash (the cache is done)
+                    chain, the SHA-256 of tokens.bin so far and the document reader's position -- written
+                    atomically after tokens.bin is flushed to disk
+    complete.json   the final commit, instead of a last progress.json (one atomic step: there is no moment at
+                    which the cache is finished but not marked so): the final counts and hashes
     lock            flock'ed by the producer
+
+Every file carries a checksum of its own bytes (``posbench.data.cache_files``): the JSON files a checksum of
+their content, ``tokens.bin`` its SHA-256 (``tokens_sha256``) in the commit that covers it. They are checked
+before the cache is read: a complete cache when a process first finds it complete (its whole ``tokens.bin``
+is hashed, in 16 MiB chunks), an unfinished one when a producer continues it (the committed part). A
+mismatch or a file shorter than its commit stops the run with one line (``CacheDamaged``) and the cache is
+never read; a truncated ``tokens.bin`` is never padded.
 
 The key is the SHA-256 of (format version, source identity, split, tokenizer identity, budget): the next run
 with the same corpus, tokenizer and budget (the next encoding of a comparison) reuses the cache, and a
@@ -22,8 +31,10 @@ killed run resumes tokenising from its last commit (bytes past it are cut off). 
 ``$POSBENCH_CACHE`` (default ``$XDG_CACHE_HOME/posbench`` or ``~/.cache/posbench``) plus ``tokens/``; delete a
 directory to rebuild it.
 
-The content hash is a chain over the documents used, ``h_0 = 0^32``, ``h_i = SHA-256(h_{i-1} ||
-SHA-256(utf8(doc_i)))`` (hex of the last), which a resumed producer continues exactly.
+The documents' hash is a chain over the documents used, ``h_0 = 0^32``, ``h_i = SHA-256(h_{i-1} ||
+SHA-256(utf8(doc_i)))`` (hex of the last), which a resumed producer continues exactly; ``tokens_sha256`` is the
+hash of the tokens themselves (the record's ``data.hash``), equal to ``TokenStream.tokens_sha256`` of the same
+tokens read in memory.
 
 Tokenising runs in parallel (:mod:`posbench.data.producer`): one thread reads documents (``datasets``
 decompresses and parses in C) while the producer encodes batches of documents with the tokenizer's batch
@@ -44,10 +55,11 @@ from typing import Any
 
 import numpy as np
 
+from posbench.data.cache_files import damaged, hash_tokens, read_state, write_state
 from posbench.data.errors import DataError
-from posbench.files import json_object
+from posbench.errors import UserError, os_error
 
-FORMAT = 1
+FORMAT = 2
 POLL_SECONDS = 0.25            # how often a consumer in another process looks at progress.json
 _OPEN: dict[str, TokenCache] = {}
 _OPEN_LOCK = threading.Lock()
@@ -72,17 +84,13 @@ def tokenizer_identity(tokenizer) -> dict[str, Any]:
 
 
 def _slug(text: str) -> str:
-    keep = "".join(c if c.isalnum() or c in "-_." else "_" for c in text.strip("/"))
-    return keep[-60:] or "source"
+    keep = "".join(c if c.isalnum() or c in "-_." else "_" for c in text.strip("/"))[-60:]
+    return keep if keep.strip(".") else "source"            # never "." or "..": a directory of the root
 
 
-def _atomic_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def token_dtype(vocab_size: int) -> np.dtype:
+    """How a cache stores ids (and ``tokens_sha256`` hashes them): little-endian uint16, or uint32."""
+    return np.dtype("<u2" if vocab_size <= (1 << 16) else "<u4")
 
 
 def open_cache(source, split: str, tokenizer, budget: int | None, *, root: Path | None = None,
@@ -114,7 +122,7 @@ class TokenCache:
         self.directory = Path(directory)
         self.identity = identity
         self.budget: int | None = identity["budget"]
-        self.dtype = np.dtype(np.uint16 if vocab_size <= (1 << 16) else np.uint32)
+        self.dtype = token_dtype(vocab_size)
         self.label = label
         self._progress = progress
         self._cond = threading.Condition()
@@ -126,10 +134,11 @@ class TokenCache:
         self.bar = None                                 # the producer's DataBar
         self._mm: np.memmap | None = None
         self._mapped = 0
+        self._last_commit: dict[str, Any] | None = None     # this process's producer's last commit
         self.directory.mkdir(parents=True, exist_ok=True)
-        meta = json_object(self.path("meta.json"))
+        meta = read_state(self.path("meta.json"))
         if meta is None:
-            _atomic_json(self.path("meta.json"), {**identity, "dtype": self.dtype.name, "created": time.time()})
+            write_state(self.path("meta.json"), {**identity, "dtype": self.dtype.name, "created": time.time()})
         elif meta.get("dtype") != self.dtype.name:
             raise DataError(f"token cache {self.directory} holds {meta.get('dtype')} ids, expected "
                             f"{self.dtype.name}; delete it")
@@ -140,17 +149,27 @@ class TokenCache:
 
     # ---- the consumer's view -------------------------------------------------------------------------------
     def _refresh(self) -> None:
-        """Read another process's progress from disk (this process's producer updates memory directly)."""
+        """Read another process's progress from disk (this process's producer updates memory directly); a
+        complete cache is verified against its checksums before this process reads it."""
         if self._final is None:
-            final = json_object(self.path("complete.json"))
+            final = read_state(self.path("complete.json"))
             if final is not None:
+                self._verify(final)
                 self._final = final
                 self._committed = int(final["tokens"])
                 return
         if self._final is None and self._thread is None:
-            progress = json_object(self.path("progress.json"))
+            progress = read_state(self.path("progress.json"))
             if progress is not None:
                 self._committed = max(self._committed, int(progress["tokens"]))
+
+    def _verify(self, final: dict[str, Any]) -> None:
+        """``tokens.bin`` has exactly the final number of tokens and their SHA-256 (else ``CacheDamaged``)."""
+        path, expected = self.path("tokens.bin"), int(final["tokens"]) * self.dtype.itemsize
+        size = path.stat().st_size if path.exists() else 0
+        if size != expected:
+            raise damaged(self.directory, f"tokens.bin holds {size} bytes, its completion recorded {expected}")
+        hash_tokens(path, expected, final.get("tokens_sha256") or "missing")
 
     @property
     def finished(self) -> bool:
@@ -194,6 +213,10 @@ class TokenCache:
             if end > available:
                 raise DataError(f"token cache {self.directory}: tokens {start}..{end} asked for, only {available} "
                                 f"there")
+            size = os.stat(self.path("tokens.bin")).st_size
+            if size < available * self.dtype.itemsize:
+                raise damaged(self.directory, f"tokens.bin holds {size} bytes, its last commit recorded "
+                                              f"{available * self.dtype.itemsize}")
             self._mm = np.memmap(self.path("tokens.bin"), dtype=self.dtype, mode="r", shape=(available,))
             self._mapped = available
         return np.asarray(self._mm[start:end], dtype=np.int64)
@@ -204,18 +227,27 @@ class TokenCache:
         total = self.wait_complete()
         return self.read(0, total) if total else np.zeros(0, dtype=np.int64)
 
+    def _state(self) -> dict[str, Any]:
+        return self._final or self._last_commit or read_state(self.path("progress.json")) or {}
+
     @property
     def sha256(self) -> str | None:
-        state = self._final or json_object(self.path("progress.json")) or {}
-        return state.get("sha256")
+        return self._state().get("sha256")
+
+    @property
+    def tokens_sha256(self) -> str | None:
+        """The SHA-256 of the tokens (of those committed so far while the cache is not complete)."""
+        return self._state().get("tokens_sha256")
 
     def describe(self) -> dict[str, Any]:
-        state = self._final or json_object(self.path("progress.json")) or {}
+        state = self._state()
         return {"tokens": int(state.get("tokens", 0)), "documents": int(state.get("documents", 0)),
                 "characters": int(state.get("characters", 0)), "sha256": state.get("sha256"),
+                "tokens_sha256": state.get("tokens_sha256"),
                 "truncated": bool(state.get("truncated", False)), "separator": "eos",
                 "complete": self._final is not None, "budget": self.budget,
-                "hash": "SHA-256 chain over the documents used: h_i = sha256(h_(i-1) || sha256(utf8(doc_i)))",
+                "hash": "sha256: SHA-256 chain over the documents used, h_i = sha256(h_(i-1) || sha256(utf8(doc_i))); "
+                        "tokens_sha256: SHA-256 of the token ids as little-endian uint16 (uint32 above 65,536 ids)",
                 "cache": str(self.directory), "dtype": self.dtype.name}
 
     def detach_progress(self) -> None:
@@ -264,9 +296,10 @@ class TokenCache:
         try:
             self._produce()
         except BaseException as exc:   # noqa: BLE001 - handed to the consumers, who raise it
-            error = exc if isinstance(exc, DataError) else DataError(
-                f"tokenising {self.label.split(' ', 1)[1]} failed: {type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}")
+            error = exc if isinstance(exc, UserError) else \
+                os_error(exc, f"write the token cache {self.directory}:") if isinstance(exc, OSError) else \
+                DataError(f"tokenising {self.label.split(' ', 1)[1]} failed: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}")
             with self._cond:
                 self._error = error
                 self._cond.notify_all()
@@ -285,19 +318,24 @@ class TokenCache:
         from posbench.data.progress import DataBar
 
         self.bar = DataBar(self.label, self.budget, "tok", enabled=None if self._show_progress() else False)
-        final = produce(self, self._source, self._tokenizer)
-        _atomic_json(self.path("complete.json"), {**final, "completed": time.time()})
+        final = produce(self, self._source, self._tokenizer)      # its last commit wrote complete.json
         self.bar.close()                # its last line before any consumer goes on (and maybe exits)
         with self._cond:
             self._final = final
             self._committed = int(final["tokens"])
             self._cond.notify_all()
 
-    def commit(self, f, state: dict[str, Any]) -> None:
-        """Make ``state`` (tokens written to ``f`` so far, the reader's position...) durable and visible."""
+    def commit(self, f, state: dict[str, Any], *, complete: bool = False) -> None:
+        """Make ``state`` (tokens written to ``f`` so far, their hash, the reader's position...) durable and
+        visible; ``complete``: the final commit, written as ``complete.json`` (the one step that ends the
+        cache)."""
         f.flush()
         os.fsync(f.fileno())
-        _atomic_json(self.path("progress.json"), state)
+        if complete:
+            write_state(self.path("complete.json"), {**state, "completed": time.time()})
+        else:
+            write_state(self.path("progress.json"), state)
+        self._last_commit = state
         with self._cond:
             self._committed = int(state["tokens"])
             self._cond.notify_all()

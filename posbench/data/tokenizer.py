@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from posbench.data.errors import DataError
+from posbench.files import check_name
 
 DEFAULT_BPE_VOCAB = 4096
 BPE_SPECIALS = ("<|pad|>", "<|bos|>", "<|eos|>")
@@ -183,18 +184,26 @@ class HFTokenizer(Tokenizer):
                             hf.eos_token = candidate
                             break
             elif path.is_dir():
-                hf = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+                hf = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                                                trust_remote_code=False)
             else:
-                hf = transformers.AutoTokenizer.from_pretrained(name_or_path, local_files_only=hub_offline())
+                hf = transformers.AutoTokenizer.from_pretrained(name_or_path, local_files_only=hub_offline(),
+                                                                trust_remote_code=False)
         except DataError:
             raise
         except Exception as exc:   # noqa: BLE001 - offline, unknown name, bad files: one line
             from posbench.data.hub_errors import explain
 
+            if "trust_remote_code" in str(exc):     # never asked, never run (trust_remote_code=False)
+                raise DataError(f"cannot load tokenizer '{name_or_path}': it needs its own Python code "
+                                f"(auto_map, trust_remote_code), which posbench never runs; pass a tokenizer that "
+                                f"needs none (a tokenizer.json), --tokenizer byte or --tokenizer bpe") from None
             message = None if path.exists() else explain(exc, name_or_path, repo_type="model", offline=None)
             if message:                              # gated / not found keep their meaning
                 raise DataError(f"cannot load tokenizer '{name_or_path}': {message}") from None
-            where = "offline and not in the local cache" if hub_offline() else f"{type(exc).__name__}"
+            first = (str(exc).splitlines() or [""])[0][:200]
+            where = f"{type(exc).__name__}: {first}" if path.exists() else \
+                "offline and not in the local cache" if hub_offline() else type(exc).__name__
             raise DataError(f"cannot load tokenizer '{name_or_path}' ({where}): pass --tokenizer byte, "
                             f"--tokenizer bpe (trained on the corpus), or a local directory / tokenizer.json "
                             f"with --tokenizer PATH") from None
@@ -257,11 +266,13 @@ def tokenizer_from_spec(spec: dict[str, Any], run_dir: str | Path) -> Tokenizer:
     if kind == "byte":
         return ByteTokenizer()
     if kind == "bpe":
-        tok = BPETokenizer.load(run_dir / spec.get("file", BPETokenizer.FILE))
+        name = check_name(spec.get("file", BPETokenizer.FILE), f"{run_dir}: the recorded tokenizer file", DataError)
+        tok = BPETokenizer.load(run_dir / name)
         if spec.get("sha256") and tok.spec()["sha256"] != spec["sha256"]:
             raise DataError(f"{run_dir / BPETokenizer.FILE} does not match the tokenizer its run recorded")
         return tok
     if kind == "hf":
-        local = run_dir / spec.get("dir", HFTokenizer.DIR)
+        local = run_dir / check_name(spec.get("dir", HFTokenizer.DIR), f"{run_dir}: the recorded tokenizer directory",
+                                     DataError)
         return HFTokenizer.load(str(local) if local.is_dir() else spec["name"])
     raise DataError(f"{run_dir}: unknown tokenizer kind {kind!r}")

@@ -12,7 +12,8 @@ counts exactly once (``n - 1`` tokens). With ``score="window"`` (what LongLoRA's
 start every ``stride`` tokens while they fit, each is scored entirely, and overlapping tokens count again.
 
 Perplexity is ``exp(sum of token negative log-likelihoods / number of scored tokens)``, accumulated in
-float64; the number of scored tokens is returned with it.
+float64; the number of scored tokens is returned with it. A mean beyond float64's range of ``exp`` (about
+709 nats: a diverged model) gives ``inf``, recorded as ``null`` next to its finite ``mean_nll``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posbench.evaluation.outcome import finite
 from posbench.train import distributed
 
 PROTOCOLS = ("chunks", "sliding")
@@ -84,13 +86,22 @@ class PerplexityResult:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.mean_nll) if self.tokens_scored else math.nan
+        return exp_or_inf(self.mean_nll) if self.tokens_scored else math.nan
 
     def to_dict(self) -> dict:
+        """As JSON records it: a non-finite number (no scored token, an overflowing perplexity) is ``None``."""
+        bits = self.mean_nll / math.log(2) if self.tokens_scored else math.nan
         return {"length": self.length, "protocol": self.protocol, "stride": self.stride, "score": self.score,
-                "perplexity": self.perplexity, "mean_nll": self.mean_nll, "bits_per_token": self.mean_nll / math.log(2)
-                if self.tokens_scored else math.nan, "tokens_scored": self.tokens_scored, "windows": self.windows,
-                "tokens_in_stream": self.tokens_in_stream}
+                "perplexity": finite(self.perplexity), "mean_nll": finite(self.mean_nll), "bits_per_token": finite(bits),
+                "tokens_scored": self.tokens_scored, "windows": self.windows, "tokens_in_stream": self.tokens_in_stream}
+
+
+def exp_or_inf(x: float) -> float:
+    """``math.exp(x)``, ``inf`` where it overflows float64 (x above about 709.78)."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
 
 
 @torch.no_grad()

@@ -33,6 +33,7 @@ from posbench.runs.init import InitSource, resolve_init
 __all__ = ["ConfigError", "RunConfig", "resolve_run_config", "with_source", "apply_overrides"]
 
 SECTIONS = ("model", "encoding", "train", "task")
+MAX_SEED = 2**32 - 1                    # NumPy's seeds: 0 .. 2**32 - 1
 SECTION_SYNONYMS = {"method": "encoding"}
 MODEL_KEYS_EXCLUDED = ("vocab_size", "encoding", "encoding_options")
 
@@ -163,6 +164,8 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
     from posbench.tasks import TASKS
     from posbench.train.config import TrainConfig
 
+    if seed is not None and not 0 <= int(seed) <= MAX_SEED:
+        raise ConfigError(f"--seed {seed}: a seed must be between 0 and {MAX_SEED} (NumPy's range)")
     task_cls = TASKS.get(task)
     preset = preset or task_cls.default_preset
     chosen = task_cls.preset(preset)

@@ -12,6 +12,10 @@ extended  a ``posbench extend`` run directory (its extended model is ``checkpoin
 
 Everything after this point (the tasks, the model builder, the report) reads the ``InitSource``; nothing else
 opens init files. Only the ``hf`` and ``extended`` kinds lead into ``posbench.hf`` when the model is built.
+
+A label, an encoding or a model type read from these files may become a directory name (the run's label), so
+each must be a plain name (``posbench.files.check_name``): a model directory whose metadata says
+``"label": "../../elsewhere"`` or an absolute path is refused in one line, before anything is written.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from posbench.errors import ConfigError
-from posbench.files import json_object
+from posbench.files import check_name, json_object
 
 KINDS = ("run", "export", "hf", "extended")
 EXPORT_META = "posbench_export.json"
@@ -76,11 +80,11 @@ def resolve_init(given: str | Path, flag: str = "--init") -> InitSource:
         if stored is not None and "model_type" in stored:
             if (path / EXPORT_META).is_file():
                 return _export(given, path, stored, flag)
-            return _hf_directory(given, path, stored)
+            return _hf_directory(given, path, stored, flag)
         raise ConfigError(f"{flag} {given}: not a Hugging Face model directory (no config.json with a model_type) "
                           f"nor a posbench run directory")
     if not path.exists() and _HUB_NAME.match(given) and not given.startswith((".", "/", "~")):
-        return _hub_name(given)
+        return _hub_name(given, flag)
     raise ConfigError(f"{flag} {given}: no such run or model directory")
 
 
@@ -90,7 +94,7 @@ def _posbench_run(given: str, path: Path, flag: str) -> InitSource:
         raise ConfigError(f"{flag} {given}: no checkpoint/model_config.json there (did that run finish training?)")
     result = json_object(path / "result.json") or {}
     tokenizer = (result.get("data") or {}).get("tokenizer")
-    encoding = str(model.get("encoding", ""))
+    encoding = _name(model.get("encoding", ""), f"{flag} {given}: the encoding in checkpoint/model_config.json")
     return InitSource(given, "run", encoding, encoding, model, None, str(path),
                       tokenizer if isinstance(tokenizer, dict) else None)
 
@@ -100,15 +104,16 @@ def _export(given: str, path: Path, raw: dict[str, Any], flag: str) -> InitSourc
     model = meta.get("model_config")
     if not isinstance(model, dict) or "encoding" not in model:
         raise ConfigError(f"{flag} {given}: {EXPORT_META} there holds no model_config")
-    encoding = str(model["encoding"])
-    return InitSource(given, "export", encoding, encoding, model, str(path), None, meta.get("tokenizer"),
-                      str(raw["model_type"]))
+    encoding = _name(model["encoding"], f"{flag} {given}: the encoding in {EXPORT_META}")
+    model_type = _name(raw["model_type"], f"{flag} {given}: the model_type in config.json")
+    return InitSource(given, "export", encoding, encoding, model, str(path), None, meta.get("tokenizer"), model_type)
 
 
-def _hf_directory(given: str, path: Path, raw: dict[str, Any]) -> InitSource:
+def _hf_directory(given: str, path: Path, raw: dict[str, Any], flag: str) -> InitSource:
     meta = json_object(path / EXTEND_META) or {}
-    label = str(meta.get("label") or raw["model_type"])
-    return InitSource(given, "hf", label, None, architecture(raw, meta), str(path), model_type=str(raw["model_type"]))
+    model_type = _name(raw["model_type"], f"{flag} {given}: the model_type in config.json")
+    label = _name(meta["label"], f"{flag} {given}: the label in {EXTEND_META}") if meta.get("label") else model_type
+    return InitSource(given, "hf", label, None, architecture(raw, meta), str(path), model_type=model_type)
 
 
 def _extended_run(given: str, path: Path, flag: str) -> InitSource:
@@ -118,17 +123,24 @@ def _extended_run(given: str, path: Path, flag: str) -> InitSource:
                           f"{EXTENDED_MODEL_SUBDIR}/); continue it with 'posbench extend --resume {given}'")
     raw = json_object(directory / "config.json") or {}
     meta = json_object(directory / EXTEND_META) or {}
-    label = str(meta.get("label") or raw.get("model_type", "hf"))
+    where = f"{flag} {given}: {EXTENDED_MODEL_SUBDIR}"
+    model_type = _name(raw.get("model_type", "hf"), f"{where}/config.json's model_type")
+    label = _name(meta["label"], f"{where}/{EXTEND_META}'s label") if meta.get("label") else model_type
     return InitSource(given, "extended", label, None, architecture(raw, meta), str(directory), str(path),
-                      model_type=str(raw.get("model_type", "")))
+                      model_type=model_type)
 
 
-def _hub_name(given: str) -> InitSource:
+def _hub_name(given: str, flag: str) -> InitSource:
     from posbench.hf.loading import load_config          # a hub model: read its config (online only)
 
     config = load_config(given)
-    return InitSource(given, "hf", str(config.model_type), None, architecture(config.to_dict()), given,
-                      model_type=str(config.model_type))
+    model_type = _name(config.model_type, f"{flag} {given}: the hub model's model_type")
+    return InitSource(given, "hf", model_type, None, architecture(config.to_dict()), given, model_type=model_type)
+
+
+def _name(value: Any, what: str) -> str:
+    """``value`` when it is a plain name (it may become a directory of the run), else a one-line ConfigError."""
+    return check_name(value, what, ConfigError)
 
 
 def architecture(raw: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[str, Any]:

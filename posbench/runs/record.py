@@ -158,7 +158,7 @@ def load_record(path: Path | str) -> RunRecord:
             raise ResultError(f"{path}: metric '{name}' has no value")
     try:
         return _record(data, path.parent, version)
-    except (TypeError, ValueError, AttributeError) as exc:
+    except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
         raise ResultError(f"{path}: not a posbench result ({type(exc).__name__}: {exc})") from None
 
 

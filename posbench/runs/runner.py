@@ -20,12 +20,13 @@ from typing import Any
 
 import torch
 
+from posbench.files import check_name
 from posbench.progress import NullReporter
 from posbench.runs.config import RunConfig, with_source
 from posbench.runs.record import RESULT_FILE, ResultError, RunRecord, Timings, environment_info, posbench_info, \
     write_record
-from posbench.runs.store import (CHECKPOINT_DIR, new_run_dir, now_iso, read_config, read_phase, write_config,
-                                 write_phase, write_predictions)
+from posbench.runs.store import (CHECKPOINT_DIR, RunLock, new_run_dir, now_iso, read_config, read_phase,
+                                 remove_unstarted, write_config, write_phase, write_predictions)
 from posbench.train import distributed
 from posbench.train.checkpoint import checkpoint_path
 from posbench.train.config import TrainConfig
@@ -43,27 +44,49 @@ class RunOutcome:
 
 def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: Any = None, callbacks: tuple = (),
             command: list[str] | None = None, run_dir: Path | None = None) -> RunOutcome:
-    """Run ``config`` end to end into ``<out_root>/<task>/<label>/<run-id>/`` (or continue ``run_dir``)."""
+    """Run ``config`` end to end into ``<out_root>/<task>/<label>/<run-id>/`` (or continue ``run_dir``).
+
+    The run directory is locked while this runs (a second ``--resume`` of it is refused). ``config.json`` is
+    written once the run is fully checked (the task's data, the model and its tokenizer, the loggers): a run
+    that stops before that removes the directory it created, so nothing is left that ``--resume`` or
+    ``compare`` would find."""
+    ctx, device = distributed.setup(pick_device(config.device))
+    with distributed.peers_watched():
+        lock: list[RunLock] = []
+        try:
+            return _execute(config, Path(out_root), ctx, device, reporter, callbacks, command, run_dir, lock)
+        finally:
+            for held in lock:
+                held.release(finished=(held.path.parent / RESULT_FILE).is_file())
+
+
+def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, reporter: Any, callbacks: tuple,
+             command: list[str] | None, run_dir: Path | None, lock: list) -> RunOutcome:
     from posbench.tasks import TASKS
 
     started = time.perf_counter()
-    ctx, device = distributed.setup(pick_device(config.device))
     main = ctx.is_main
     reporter = reporter if (reporter is not None and main) else NullReporter()
     task = TASKS.get(config.task)(config)
     task.validate()
     train_cfg = TrainConfig(**config.train)
     setup_device(device, train_cfg.threads)
-    if run_dir is None:
-        run_dir = Path(distributed.run_on_main(lambda: str(new_run_dir(Path(out_root), config.task, config.label))))
-    if main:
-        task.run_dir = run_dir
-        write_config(run_dir, config, command)
-    seeds = seed_everything(config.seed)
-    model, init_record = task.build_model(device) if task.needs_model else (None, None)
-    if model is not None:
-        model.to(device)
-    loggers = make_loggers(config, run_dir) if main else []
+    fresh = run_dir is None
+    run_dir = Path(distributed.run_on_main(lambda: str(open_run_dir(out_root, config, run_dir, lock))))
+    try:
+        if main:
+            task.run_dir = run_dir
+        seeds = seed_everything(config.seed)
+        model, init_record = task.build_model(device) if task.needs_model else (None, None)
+        if model is not None:
+            model.to(device)
+        loggers = make_loggers(config, run_dir) if main else []
+        if main:
+            write_config(run_dir, config, command)
+    except BaseException:
+        if fresh and main:
+            remove_unstarted(run_dir, out_root)
+        raise
     try:
         trained = run_phases(task, model, run_dir, device, reporter, callbacks, loggers)
         precision = resolve_precision(train_cfg.precision, device)
@@ -97,6 +120,17 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
         logger.finish({name: m.value for name, m in record.metrics.items()})
     write_record(run_dir, record)
     return RunOutcome(run_dir, record)
+
+
+def open_run_dir(out_root: Path, config: RunConfig, run_dir: Path | None, lock: list) -> Path:
+    """A fresh run directory (``run_dir`` None) or the one to continue, locked (the lock appended to
+    ``lock``); a run that has finished meanwhile is refused."""
+    if run_dir is None:
+        run_dir = new_run_dir(out_root, config.task, config.label)
+    lock.append(RunLock(run_dir))
+    if (Path(run_dir) / RESULT_FILE).exists():
+        raise ResultError(f"{run_dir} has already finished (result.json exists); start a new run instead")
+    return Path(run_dir)
 
 
 def run_phases(task: Any, model: Any, run_dir: Path, device: torch.device, reporter: Any, callbacks: tuple,
@@ -178,9 +212,16 @@ def resume(run_dir: Path | str, *, device: str | None = None, reporter: Any = No
         if (run_dir / RESULT_FILE).exists():
             raise ResultError(f"{run_dir} has already finished (result.json exists); start a new run instead")
         stored = read_config(run_dir)
-        return with_source(RunConfig.from_dict(stored["config"]))
+        try:
+            config = RunConfig.from_dict(stored["config"])
+        except TypeError as exc:
+            raise ResultError(f"{run_dir / 'config.json'} is not a posbench run config ({exc})") from None
+        for field in ("task", "label"):
+            check_name(getattr(config, field), f"{run_dir / 'config.json'}: the run's {field}", ResultError)
+        return with_source(config)
 
-    config = distributed.run_on_main(read)
+    with distributed.peers_watched():
+        config = distributed.run_on_main(read)
     if device is not None:
         config.device = device
     return execute(config, run_dir.parent.parent.parent, reporter=reporter, callbacks=callbacks, run_dir=run_dir)

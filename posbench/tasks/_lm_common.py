@@ -231,6 +231,6 @@ class CorpusTask(TokenizerMixin, Task):
         if self._train is not None:
             info["train"] = self._train.describe()
         info["validation"] = self.eval_tokens().describe()
-        info["hash"] = (self._train.sha256 if self._train is not None else info["validation"]["sha256"])
+        info["hash"] = (self._train.tokens_sha256 if self._train is not None else info["validation"]["tokens_sha256"])
         info["documents"] = "concatenated, each followed by EOS, cut into non-overlapping chunks"
         return info

@@ -13,8 +13,11 @@ keyed by parameter name, a checkpoint that N processes (DDP or FSDP) wrote loads
 at any world size. Older checkpoints stored ``train_state.pt`` (a pickle, whose loading can run any code
 the file holds): such a file is refused with one line and never opened.
 
-It is written as ``<dir>.tmp`` and then swapped in (``<dir>`` -> ``<dir>.old`` -> gone), so a kill at any
-moment leaves one complete checkpoint; ``checkpoint_path`` finds the ``.old`` one a kill mid-swap left.
+It is written into a temporary directory of its own writer (``<dir>.tmp.<host>.<pid>.<random>``) and then
+swapped in (``<dir>`` -> ``<dir>.old`` -> gone), so a kill at any moment leaves one complete checkpoint;
+``checkpoint_path`` finds the ``.old`` one a kill mid-swap left. A write the machine refuses (disk full) is one
+line (``posbench.errors.EnvironmentFault``) and removes its temporary directory; the last checkpoint stays.
+Temporary directories that killed writers of this host left are removed by the next save.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ import base64
 import json
 import os
 import random
+import re
+import secrets
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from posbench.errors import UserError
+from posbench.errors import UserError, os_error
 from posbench.files import atomic_save, atomic_write_json
 
 FORMAT = "posbench-train-state"
@@ -51,42 +57,88 @@ class CheckpointError(UserError):
 def save_checkpoint(directory: Path, model: nn.Module, train_state: dict[str, Any],
                     optimizer_state: dict[str, Any] | None = None, *,
                     weights: dict[str, Tensor] | None = None) -> Path:
-    """Write a complete checkpoint to ``directory.tmp`` then swap it in for ``directory``.
+    """Write a complete checkpoint into a temporary directory of this writer, then swap it in for ``directory``.
 
     ``model``: the module (its config is saved; its weights unless ``weights``, the full state dict, is
     given, as FSDP gathers it); ``train_state``: plain JSON (``rng_state()`` is); ``optimizer_state``: a
     full, name-keyed optimizer state dict
     (``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict(..., full_state_dict=True)``).
     """
-    from safetensors.torch import save_file
-
     directory = Path(directory)
-    tmp = directory.with_name(directory.name + ".tmp")
+    tmp = directory.with_name(f"{directory.name}.tmp.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(3)}")
     old = directory.with_name(directory.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        _remove_abandoned(directory)
+        tmp.mkdir(parents=True)
+        _write(tmp, model, train_state, optimizer_state, weights)
+        if directory.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+    except OSError as exc:
+        raise os_error(OSError(exc.errno, exc.strerror, str(directory)), "write the checkpoint") from None
+    except UserError as exc:                    # a file of it (atomic_save): name the checkpoint, not the file
+        if not hasattr(exc, "reason"):
+            raise
+        raise type(exc)(f"cannot write the checkpoint {directory}: {exc.reason}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+    return directory
+
+
+def _write(tmp: Path, model: nn.Module, train_state: dict[str, Any], optimizer_state: dict[str, Any] | None,
+           weights: dict[str, Tensor] | None) -> None:
     state_dict = model.state_dict() if weights is None else weights
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
-    atomic_save(tmp / WEIGHTS, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+    atomic_save(tmp / WEIGHTS, lambda p: save_safetensors(tensors, p))
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_dict"):
         atomic_write_json(tmp / CONFIG, config.to_dict())
     state = {"format": FORMAT, "version": VERSION, **train_state}
     if optimizer_state is not None:
         slots, described = split_optimizer_state(optimizer_state)
-        atomic_save(tmp / OPTIMIZER, lambda p: save_file(slots, str(p), metadata={"format": "pt"}))
+        atomic_save(tmp / OPTIMIZER, lambda p: save_safetensors(slots, p))
         state["optimizer"] = described
     try:
         json.dumps(state, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"training state is not plain JSON: {exc}") from None
     atomic_write_json(tmp / STATE, state)
-    if directory.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    shutil.rmtree(old, ignore_errors=True)
-    return directory
+
+
+def save_safetensors(tensors: dict[str, Tensor], path: Path) -> None:
+    """``safetensors.torch.save_file``, whose failures to write (a Rust I/O error in a ``SafetensorError``)
+    come out as the ``OSError`` they are (``os error 28`` is a full disk)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as exc:
+        code = re.search(r"(?:os error|code:) (\d+)", str(exc))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
+
+
+def _remove_abandoned(directory: Path) -> None:
+    """Temporary checkpoints of writers on this host that are no longer running (killed mid-write)."""
+    host = socket.gethostname()
+    for tmp in directory.parent.glob(f"{directory.name}.tmp.*"):
+        parts = tmp.name[len(directory.name) + len(".tmp."):].rsplit(".", 2)
+        if len(parts) == 3 and parts[0] == host and parts[1].isdigit() and not _alive(int(parts[1])):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                 # it exists (another user's process)
+        return True
+    return True
 
 
 def split_optimizer_state(state: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:

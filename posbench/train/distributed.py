@@ -22,6 +22,13 @@ What the ranks share (see ``posbench.train.trainer``):
   DDP registers no hook for them and needs no ``find_unused_parameters`` graph walk.
 - **Evaluation.** ``shard_map`` runs a list of independent work items (batches of prompts or windows) split
   across ranks and gathers the results in the original order, so metrics equal one process's.
+
+**A process that stops answering.** The process group has a timeout (``POSBENCH_DIST_TIMEOUT`` seconds,
+default 300): a collective that waits longer for a frozen (``SIGSTOP``), hung or vanished rank fails instead
+of hanging for torch's default 30 minutes. ``peers_watched`` (around every run) then holds a roll call in the
+job's rendezvous store and stops with one line that names the ranks that did not answer (exit code 1, from
+the lowest rank that did; torchrun then ends the others). With NCCL, torch's watchdog enforces the same
+timeout on GPU collectives and ends the process itself.
 """
 
 from __future__ import annotations
@@ -29,8 +36,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import datetime
 import inspect
+import itertools
 import os
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,7 +50,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from posbench.errors import ConfigError
+from posbench.errors import ConfigError, EnvironmentFault
+
+TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "POSBENCH_DIST_TIMEOUT", 300.0
+ROLL_CALL_S = 30.0                  # the most a roll call waits for the ranks that are alive to answer
+
+
+class PeerLost(EnvironmentFault):
+    """A rank of the job stopped answering; ``announce`` is False on all but one rank (one line per job)."""
+
+    def __init__(self, message: object = "", announce: bool = True):
+        super().__init__(message)
+        self.announce = announce
+
 
 @dataclass(frozen=True)
 class Context:
@@ -100,10 +122,71 @@ def setup(device: torch.device) -> tuple[Context, torch.device]:
         backend = "gloo"
     else:
         raise ConfigError(f"several processes need CUDA or CPU devices, not {device.type}")
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s()))
     atexit.register(shutdown)
     _CURRENT = Context(dist.get_rank(), dist.get_world_size(), local_rank, backend)
     return _CURRENT, _rank_device(device, _CURRENT)
+
+
+def timeout_s() -> float:
+    """How long a collective waits for the other processes: ``POSBENCH_DIST_TIMEOUT`` seconds (default 300)."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e7:
+        raise ConfigError(f"{TIMEOUT_ENV}={raw!r}: expected a number of seconds > 0")
+    return value
+
+
+_ROLL_CALLS = itertools.count()
+
+
+@contextlib.contextmanager
+def peers_watched():
+    """Turn a collective that failed because a rank stopped answering (a timeout, a closed connection) into one
+    line naming that rank (``PeerLost``); any other error goes through unchanged."""
+    try:
+        yield
+    except RuntimeError as exc:
+        failed_collective = type(exc) is RuntimeError or isinstance(exc, getattr(dist, "DistError", ()))
+        if not (_CURRENT.enabled and failed_collective and dist.is_initialized()):
+            raise
+        missing = roll_call(min(ROLL_CALL_S, timeout_s()))
+        if missing == []:                       # every rank is alive: not a lost process, a real error
+            raise
+        ctx = _CURRENT
+        if missing is None:
+            who, first_alive = "the rendezvous store (held by rank 0 or torchrun)", ctx.rank
+        else:
+            names = ", ".join(map(str, missing))
+            who = f"rank {names} of {ctx.world}" if len(missing) == 1 else f"ranks {names} of {ctx.world}"
+            first_alive = min(r for r in range(ctx.world) if r not in missing)
+        raise PeerLost(f"{who} stopped answering: no reply within {timeout_s():g} s (frozen, killed or stuck); "
+                       f"the job stops ({TIMEOUT_ENV}=SECONDS sets the limit)",
+                       announce=ctx.rank == first_alive) from None
+
+
+def roll_call(wait_s: float) -> list[int] | None:
+    """The ranks that do not check in within ``wait_s`` seconds after this one did, through the job's
+    rendezvous store (every rank that is alive checks in when its collective fails); None when the store itself
+    does not answer."""
+    ctx, call = _CURRENT, next(_ROLL_CALLS)
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(datetime.timedelta(seconds=max(wait_s, 1.0)))
+        store.set(f"posbench/roll/{call}/{ctx.rank}", "here")
+        deadline = time.monotonic() + wait_s
+        while True:
+            missing = [r for r in range(ctx.world) if not store.check([f"posbench/roll/{call}/{r}"])]
+            if not missing or time.monotonic() > deadline:
+                return missing
+            time.sleep(0.1)
+    except Exception:   # noqa: BLE001 - the store is gone (its host froze or died) or this torch has none
+        return None
 
 
 def _rank_device(device: torch.device, ctx: Context) -> torch.device:
