@@ -65,18 +65,26 @@ def sweep(
         cells = expand(study)
         validate(cells)
         root = out_dir if out_dir is not None else Path("results") / study.name
-        console = out()
-        console.print(plan_table(cells, statuses(cells, root)))
-        console.print(expected_total(cells))
-        if dry_run:
-            return
         runner = make_executor(executor, study, root, jobs=jobs, gpus_per_cell=gpus_per_cell,
                                cpus_per_cell=cpus_per_cell, partition=partition, time_limit=time_limit,
-                               account=account, max_jobs=max_jobs)
-        console.print(f"{runner.describe()}; output in {root}")
+                               account=account, max_jobs=max_jobs, dry_run=dry_run)
+        console = wide_out()
+        console.print(plan_table(cells, statuses(cells, root)))
+        console.print(expected_total(cells))
+        console.print(f"{runner if isinstance(runner, str) else runner.describe()}; output in {root}")
+        if dry_run:
+            return
         code = run_study(study, cells, root, runner, retry_failed=retry_failed, quiet=quiet)
     if code:
         raise typer.Exit(code)
+
+
+def wide_out():
+    """stdout; in a log or a pipe 160 columns wide, so that cell ids and paths stay on one line."""
+    console = out()
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    return console
 
 
 def statuses(cells, root: Path) -> dict[str, str]:
@@ -99,7 +107,8 @@ def statuses(cells, root: Path) -> dict[str, str]:
 
 
 def make_executor(kind: str, study, root: Path, *, jobs, gpus_per_cell, cpus_per_cell, partition, time_limit,
-                  account, max_jobs):
+                  account, max_jobs, dry_run: bool = False):
+    """The executor, its options checked; with ``dry_run`` a SLURM executor is only described (no sbatch needed)."""
     from posbench.sweep.study import StudyError
 
     if kind == "local":
@@ -113,12 +122,12 @@ def make_executor(kind: str, study, root: Path, *, jobs, gpus_per_cell, cpus_per
         return LocalExecutor(jobs, gpus_per_cell or 1, study.device)
     if jobs is not None:
         raise StudyError("--jobs: an option of --executor local (on SLURM: --max-jobs)")
-    from posbench.sweep.slurm import SlurmExecutor, slurm_options
+    from posbench.sweep.slurm import SlurmExecutor, describe, slurm_options
 
     options = slurm_options(study.slurm, {"partition": partition, "time": time_limit, "account": account,
                                           "gpus_per_cell": gpus_per_cell, "cpus_per_cell": cpus_per_cell,
                                           "max_jobs": max_jobs})
-    return SlurmExecutor(root / "slurm", options)
+    return describe(options) if dry_run else SlurmExecutor(root / "slurm", options)
 
 
 def run_study(study, cells, root: Path, runner, *, retry_failed: bool, quiet: bool) -> int:
@@ -141,9 +150,7 @@ def run_study(study, cells, root: Path, runner, *, retry_failed: bool, quiet: bo
         interrupted, outcomes = True, job.outcomes
     finally:
         display.close()
-    console = out()
-    if not console.is_terminal:                  # a log or a pipe: long paths stay on one line
-        console.width = max(console.width, 160)
+    console = wide_out()
     console.print(outcome_table(outcomes, root))
     left = runner.still_running([o.handle for o in outcomes.values() if o.state in ("running", "queued")])
     if left:

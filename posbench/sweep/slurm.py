@@ -112,29 +112,10 @@ class SlurmExecutor:
         return active < self.capacity
 
     def describe(self) -> str:
-        o = self.options
-        parts = [f"partition {o.partition}" if o.partition else "default partition",
-                 f"{o.gpus_per_cell} GPU(s)" if o.gpus_per_cell else "no GPU", f"{o.cpus_per_cell} CPU(s) per cell",
-                 f"{o.time} min" if o.time else "time from the presets"]
-        if o.account:
-            parts.append(f"account {o.account}")
-        return "slurm: " + ", ".join(parts)
+        return describe(self.options)
 
     def threads(self) -> int:
         return self.options.cpus_per_cell
-
-    def parameters(self, spec: dict[str, Any]) -> dict[str, Any]:
-        o = self.options
-        expected = spec.get("expected_s")
-        time_min = o.time or (math.ceil(2 * expected / 60) + 15 if expected else 60)
-        params: dict[str, Any] = {"job_name": f"posbench:{spec['id']}", "time": time_min, "nodes": 1,
-                                  "ntasks_per_node": 1, "cpus_per_task": o.cpus_per_cell, "stderr_to_stdout": True}
-        optional = {"partition": o.partition, "account": o.account, "qos": o.qos, "constraint": o.constraint,
-                    "mem": o.mem, "gpus_per_node": o.gpus_per_cell or None}
-        params.update({k: v for k, v in optional.items() if v is not None})
-        if o.additional:
-            params["additional_parameters"] = dict(o.additional)
-        return params
 
     def start(self, spec: dict[str, Any]) -> SlurmHandle:
         spec = {**spec, "gpus": self.options.gpus_per_cell}
@@ -142,7 +123,7 @@ class SlurmExecutor:
         cell_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(cell_dir / SPEC_FILE, spec)
         try:
-            self.submitit.update_parameters(**self.parameters(spec))
+            self.submitit.update_parameters(**job_parameters(self.options, spec))
             job = self.submitit.submit(CellJob(spec))
         except (subprocess.CalledProcessError, ValueError, OSError) as exc:
             detail = getattr(exc, "stderr", None) or getattr(exc, "output", None) or str(exc)
@@ -204,6 +185,31 @@ class SlurmExecutor:
             return ""
         return (f"{len(jobs)} SLURM job(s) still queued or running ({', '.join(jobs)}): rerun the same command to "
                 f"follow them, or 'scancel {' '.join(jobs)}' to stop them")
+
+
+def describe(o: SlurmOptions) -> str:
+    parts = [f"partition {o.partition}" if o.partition else "default partition",
+             f"{o.gpus_per_cell} GPU(s)" if o.gpus_per_cell else "no GPU", f"{o.cpus_per_cell} CPU(s) per cell",
+             f"{o.time} min per cell" if o.time else "time from the presets"]
+    if o.account:
+        parts.append(f"account {o.account}")
+    if o.max_jobs:
+        parts.append(f"at most {o.max_jobs} jobs at once")
+    return "slurm: " + ", ".join(parts)
+
+
+def job_parameters(o: SlurmOptions, spec: dict[str, Any]) -> dict[str, Any]:
+    """submitit's ``SlurmExecutor`` parameters for one cell (the ``#SBATCH`` lines of its job)."""
+    expected = spec.get("expected_s")
+    time_min = o.time or (math.ceil(2 * expected / 60) + 15 if expected else 60)
+    params: dict[str, Any] = {"job_name": f"posbench:{spec['id']}", "time": time_min, "nodes": 1,
+                              "ntasks_per_node": 1, "cpus_per_task": o.cpus_per_cell, "stderr_to_stdout": True}
+    optional = {"partition": o.partition, "account": o.account, "qos": o.qos, "constraint": o.constraint,
+                "mem": o.mem, "gpus_per_node": o.gpus_per_cell or None}
+    params.update({k: v for k, v in optional.items() if v is not None})
+    if o.additional:
+        params["additional_parameters"] = dict(o.additional)
+    return params
 
 
 def queue_states(job_ids: list[str]) -> dict[str, str] | None:
