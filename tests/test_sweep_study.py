@@ -195,3 +195,19 @@ def test_a_cell_whose_parent_has_no_finished_run_fails_with_that_reason(tmp_path
 
     spec = {"id": "perplexity-rope-tiny-s0", "args": ["run"], "init_from": str(tmp_path / "parent")}
     assert command_for(spec, tmp_path / "cell") == ("failed", "its parent cell parent has no finished run")
+
+
+def test_the_study_file_in_the_docs_is_the_study_it_says(tmp_path):
+    """docs/sweeps.md's example study: 48 cells (3 tasks x 3 encodings x 2 variants x 3 seeds, no ALiBi passkey)."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "sweeps.md").read_text()
+    text = re.findall(r"```toml\n(.*?)```", page, re.S)[0]
+    cells = expand(study(tmp_path, text))
+    assert len(cells) == 48 and "48 cells" in page
+    assert not [c for c in cells if c.task == "passkey" and c.encoding == "alibi"]
+    assert {c.parent for c in cells if c.task == "passkey"} == {
+        f"pretrain-{e}-small-{v}-s{s}" for e in ("rope", "tape") for v in ("base", "lr=3e-4") for s in range(3)}
+    assert cells[0].id == "pretrain-rope-small-base-s0"
+    validate(cells)

@@ -94,9 +94,13 @@ class LocalExecutor:
 
     def describe(self) -> str:
         slot = self.slots[0]
-        each = f"{len(slot.gpus)} GPU(s) ({', '.join(','.join(s.gpus) for s in self.slots)})" if self.uses_gpus \
-            else f"{slot.threads} thread(s)"
-        return f"local: {self.capacity} cell(s) at a time, {each} each"
+        if self.uses_gpus:
+            each = f"{len(slot.gpus)} GPU(s) each ({' | '.join(','.join(s.gpus) for s in self.slots)})"
+        elif self.threads():
+            each = f"{slot.threads} core(s) and thread(s) each"
+        else:
+            each = "the free cores (train.threads=0)"
+        return f"local: {self.capacity} cell(s) at a time, {each}"
 
     def threads(self) -> int | None:
         """``train.threads`` for each cell: its share of the cores when several CPU cells share the machine;
