@@ -195,8 +195,15 @@ if __name__ == "__main__":
     reason = install_packages()
     if reason:
         sys.exit(f"error: {reason}")
+    import signal
+
     cluster = SlurmCluster(sys.argv[1] if len(sys.argv) > 1 else "slurm-test").start()
-    print(f"SLURM is up: export SLURM_CONF={cluster.conf}  (Ctrl-C stops it)", flush=True)
+    print(f"SLURM is up: export SLURM_CONF={cluster.conf}  (Ctrl-C or SIGTERM stops it)", flush=True)
+
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         while True:
             time.sleep(3600)

@@ -36,6 +36,18 @@ CELL_FILE, SPEC_FILE, LOG_FILE, LOCK_FILE = "cell.json", "spec.json", "cell.log"
 KILLED_CODES = {130, 137, 143}           # Ctrl-C, SIGKILL and SIGTERM as a shell reports them
 
 
+def describe_exit(code: int | None) -> str:
+    """A run's exit code in words: ``-15`` -> "killed by SIGTERM", 130 -> "interrupted (Ctrl-C)"."""
+    if code is None:
+        return "ended"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return {130: "interrupted (Ctrl-C)", 137: "killed (SIGKILL)", 143: "killed (SIGTERM)"}.get(code, f"exit code {code}")
+
+
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from posbench.files import atomic_write_json
-from posbench.sweep.cell import LOG_FILE, SPEC_FILE, is_locked
+from posbench.sweep.cell import LOG_FILE, SPEC_FILE, describe_exit, is_locked
 
 
 @dataclass
@@ -139,10 +139,12 @@ class LocalExecutor:
     def exit_code(self, handle: LocalHandle) -> int | None:
         return handle.process.returncode if handle.process is not None else None
 
-    def end_state(self, handle: LocalHandle) -> str:
-        """How the cell process ended when it left no final state ("" when it did not end abnormally)."""
+    def end_state(self, handle: LocalHandle, record: dict) -> str:
+        """How a killed cell ended: its run's exit, or the cell process's when it wrote no end."""
+        if record.get("state") == "killed":
+            return f"the run was {describe_exit(record.get('returncode'))}"
         code = self.exit_code(handle)
-        return f"its process ended with code {code}" if code else ""
+        return f"the cell process ended ({describe_exit(code)})" if code is not None else "it ended"
 
     def interrupt(self, handles: list[LocalHandle], timeout: float = 60.0) -> None:
         """After Ctrl-C (which every run received too): wait for the cell processes to record their state."""

@@ -87,7 +87,8 @@ class Sweep:
             return finished(cell, "complete", done, log, "finished before this sweep")
         handle = self.executor.attach(cell.id, folder)
         if handle is not None:
-            return Outcome(cell, "running", note=f"followed ({handle.describe()})", log=log, handle=handle)
+            state = "queued" if getattr(handle, "state", "") == "PENDING" else "running"
+            return Outcome(cell, state, note=f"followed ({handle.describe()})", log=log, handle=handle)
         record = read_record(folder)
         if record.get("state") == "failed" and not self.retry_failed:
             return Outcome(cell, "failed", note=record.get("note") or last_line(folder / LOG_FILE), log=log,
@@ -154,17 +155,15 @@ class Sweep:
             done = finished(outcome.cell, kind, Path(record["run_dir"]), outcome.log, "")
             done.seconds = outcome.seconds
             self.outcomes[outcome.cell.id] = outcome = done
-        elif state in ("failed", "killed"):
-            outcome.state = state
-            outcome.note = record.get("note") or ""
-            if state == "killed":
-                outcome.note = f"{self.executor.end_state(outcome.handle) or 'killed'}: rerun the sweep to resume it"
+        elif state == "failed":
+            outcome.state, outcome.note = state, record.get("note") or ""
             outcome.run_dir = record.get("run_dir") or ""
-        else:                                   # the process or job ended without writing its end
-            outcome.state = "killed"
-            ended = self.executor.end_state(outcome.handle) or "the cell process ended without a word"
-            outcome.note = f"{ended}: rerun the sweep to resume it"
-            write(folder, {**record, "state": "killed", "note": ended})
+        else:                                   # killed, or the process or job ended without writing its end
+            ended = self.executor.end_state(outcome.handle, record)
+            outcome.state, outcome.note = "killed", f"{ended}: rerun the sweep to resume it"
+            outcome.run_dir = record.get("run_dir") or ""
+            if state != "killed":
+                write(folder, {**record, "state": "killed", "note": ended})
         self.announce(outcome)
 
     def announce(self, outcome: Outcome) -> None:

@@ -172,7 +172,10 @@ class SlurmExecutor:
             return alive
         return handle.state in ACTIVE
 
-    def end_state(self, handle: SlurmHandle) -> str:
+    def end_state(self, handle: SlurmHandle, record: dict) -> str:
+        """How a killed cell's job ended: its last state in the queue (or in sacct)."""
+        if handle.job_id is None:
+            return "the other sweep's cell ended"
         last = handle.last_state or final_state(handle.job_id)
         return f"SLURM job {handle.job_id} ended {last}" if last else f"SLURM job {handle.job_id} left the queue"
 
