@@ -198,6 +198,14 @@ class CellJob:
     def __call__(self) -> dict[str, Any]:
         return run_cell(self.spec)
 
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """submitit calls this when the job is preempted or near its time limit (SIGUSR2, ``--signal=USR2@90``):
+        the same cell is requeued as the same job, and resumes from its run's last checkpoint (up to three time
+        limits; after that the cell is ``killed`` and the next sweep resumes it)."""
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(CellJob(self.spec))
+
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
