@@ -9,6 +9,9 @@ account, QOS, constraint, memory, any other ``sbatch`` option under ``additional
 ``[slurm]`` table and the command line. Without ``time`` a cell asks for twice its preset's expected time plus
 15 minutes.
 
+A job that is preempted or near its time limit gets SIGUSR2 (submitit's ``--signal=USR2@90``): submitit calls
+``CellJob.checkpoint`` and requeues the same job, which resumes the cell from its last checkpoint.
+
 The sweep follows its jobs with one ``squeue`` call per poll (not ``sacct``: clusters without an accounting
 database have none, and ``squeue`` shows finished jobs for ``MinJobAge`` seconds). A job that has left the
 queue without writing its cell's final state was cancelled, timed out or lost its node: the cell is ``killed``,
