@@ -156,6 +156,10 @@ class SlurmCluster:
             if process.poll() is not None:
                 tail = (self.root / f"{name}.out").read_text(errors="replace").strip().splitlines()[-3:]
                 raise RuntimeError(f"{name} exited with {process.returncode}: {' | '.join(tail)}")
+        return self._idle()
+
+    def _idle(self) -> bool:
+        """The node is idle: no job and no job step still running or completing on it."""
         done = self.run("sinfo", "-h", "-N", "-o", "%t", check=False)
         return done.returncode == 0 and done.stdout.strip() == "idle"
 
@@ -172,7 +176,14 @@ class SlurmCluster:
                               check=check, timeout=60)
 
     def stop(self) -> None:
-        """SIGTERM to the daemons (slurmd first), SIGKILL to any still there after 10 s; waits for each."""
+        """Cancel the jobs still queued or running and wait (up to 30 s) until the node is idle again, so that no
+        job process outlives the cluster; then SIGTERM to the daemons (slurmd first), SIGKILL to any still there
+        after 10 s; waits for each."""
+        if all(self.processes.get(name) is not None and self.processes[name].poll() is None for name in DAEMONS):
+            self.run("scancel", "--user", str(os.getuid()), check=False)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not self._idle():
+                time.sleep(0.2)
         for name in ("slurmd", "slurmctld", "munged"):
             process = self.processes.get(name)
             if process is not None and process.poll() is None:
