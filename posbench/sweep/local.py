@@ -35,7 +35,6 @@ class LocalHandle:
     process: subprocess.Popen | None        # None: a cell another sweep runs (its lock is held)
     slot: Slot | None
     started: float = field(default_factory=time.monotonic)
-    job_id: str | None = None
 
     def describe(self) -> str:
         return f"pid {self.process.pid}" if self.process is not None else "another sweep"

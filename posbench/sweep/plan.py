@@ -127,11 +127,3 @@ def validate(cells: list[Cell]) -> None:
         except UserError as exc:
             raise StudyError(f"cell {cell.id}: {exc}") from None
 
-
-def children(cells: list[Cell]) -> dict[str, list[str]]:
-    """cell id -> the ids of the cells that start from it."""
-    found: dict[str, list[str]] = {c.id: [] for c in cells}
-    for cell in cells:
-        if cell.parent is not None:
-            found[cell.parent].append(cell.id)
-    return found

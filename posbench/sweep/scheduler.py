@@ -142,7 +142,7 @@ class Sweep:
         write(folder, {**read_record(folder), "id": outcome.cell.id, "state": "queued"})
         outcome.handle = self.executor.start(self.spec(outcome.cell))
         outcome.state = "running" if self.executor.name == "local" else "queued"
-        outcome.note = outcome.handle.describe()
+        outcome.note = outcome.handle.describe() + (", resuming its run" if outcome.resumes else "")
         self.announce(outcome)
 
     def end(self, outcome: Outcome) -> None:
