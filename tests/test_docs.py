@@ -4,7 +4,7 @@ Commands are read from the ```bash blocks (continuation lines joined, comments d
 directory laid out like a user's (``results/pretrain/rope/RUN_ID`` and the other placeholders the docs use are
 real tiny runs; ``./Llama-2-7b-hf`` and ``./tiny-llama`` a tiny Llama; ``scrolls_data`` the SCROLLS fixture):
 
-- ``posbench run``, ``extend`` and ``bench`` (and the ``posbench`` part of ``torchrun ... -m posbench ...``)
+- ``posbench run``, ``extend``, ``bench`` and ``sweep`` (and the ``posbench`` part of ``torchrun ... -m posbench ...``)
   run with ``--dry-run``: the whole configuration is resolved (names, presets, every option's type and range,
   ``--init``), nothing trains; a recipe for a GPU or a day of training is checked, not run;
 - ``compare``, ``ls``, ``score``, ``export`` and ``python -m posbench.hf.tiny`` run for real;
@@ -30,7 +30,7 @@ from posbench.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 HUB_MODELS = {"meta-llama/Llama-2-7b-hf": "./Llama-2-7b-hf"}
-RUN_LIKE = {"run", "extend", "bench"}
+RUN_LIKE = {"run", "extend", "bench", "sweep"}
 PYTHON_ELSEWHERE = {"extending.md"}          # tests/test_custom_encoding.py runs these blocks
 
 

@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from posbench.cli import bench, compare, export, extend, ls, run, score
+from posbench.cli import bench, compare, export, extend, ls, run, score, sweep
 from posbench.cli.common import err, print_error
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app = typer.Typer(
          "[bold]Examples[/bold]\n\n"
          "  posbench run --encoding rope,tape --task arithmetic\n\n"
          "  posbench compare results --plots figures\n\n"
+         "  posbench sweep study.toml --jobs 2\n\n"
          "  posbench ls encodings")
 
 app.command("run", epilog=run.RUN_EPILOG)(run.run)
@@ -31,6 +32,7 @@ app.command("compare", epilog=compare.COMPARE_EPILOG)(compare.compare)
 app.command("score", epilog=score.SCORE_EPILOG)(score.score)
 app.command("bench", epilog=bench.BENCH_EPILOG)(bench.bench)
 app.command("export", epilog=export.EXPORT_EPILOG)(export.export)
+app.command("sweep", epilog=sweep.SWEEP_EPILOG)(sweep.sweep)
 
 
 # ---- entry point -------------------------------------------------------------------------------------------

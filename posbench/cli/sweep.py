@@ -1,0 +1,173 @@
+"""``posbench sweep``: run a study file's cells (encodings x tasks x presets x variants x seeds), on this machine
+or on SLURM; a rerun skips finished cells and resumes killed ones (docs/sweeps.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from posbench.cli.common import err, out, user_errors
+
+SWEEP_EPILOG = """[bold]Examples[/bold]
+
+  posbench sweep study.toml --dry-run                    (the cells, their expected times, where each stands)
+
+  posbench sweep study.toml --out results/study --jobs 2          (two cells at a time on this machine)
+
+  posbench sweep study.toml --executor slurm --partition gpu --gpus-per-cell 1 --time 120
+
+  posbench sweep study.toml --retry-failed                (also rerun the cells that failed)
+"""
+
+EXECUTORS = ("local", "slurm")
+
+
+def sweep(
+    study_file: Path = typer.Argument(..., metavar="STUDY.toml", help="The study file (docs/sweeps.md)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: "
+                                           "results/<study name>); one folder per cell under cells/."),
+    executor: str = typer.Option("local", "--executor", "-x", help="local (this machine) or slurm (one job per "
+                                 "cell, through submitit)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="local: cells at a time (default: one per GPU, "
+                                       "or 1 on CPUs); the cores are shared out among them."),
+    gpus_per_cell: Optional[int] = typer.Option(None, "--gpus-per-cell", help="GPUs per cell; more than one runs "
+                                                "the cell under torchrun."),
+    cpus_per_cell: Optional[int] = typer.Option(None, "--cpus-per-cell", help="slurm: CPUs per job (and the "
+                                                "cell's train.threads); default 1."),
+    partition: Optional[str] = typer.Option(None, "--partition", help="slurm: the partition."),
+    time_limit: Optional[str] = typer.Option(None, "--time", help="slurm: time limit per cell, minutes or "
+                                             "[D-]HH:MM:SS (default: twice the preset's expected time + 15 min)."),
+    account: Optional[str] = typer.Option(None, "--account", help="slurm: the account to charge."),
+    max_jobs: Optional[int] = typer.Option(None, "--max-jobs", help="slurm: cells queued or running at once "
+                                           "(default: every cell that is ready)."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Also run the cells that failed before "
+                                      "(from their checkpoint when they have one)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no per-cell lines."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan (cells, expected times, where each "
+                                 "stands) and run nothing."),
+) -> None:
+    """Run a study: every cell (task x encoding x preset x variant x seed) is one 'posbench run' with its own
+    process, on this machine (--jobs N) or as a SLURM job; a rerun skips finished cells, resumes killed ones, and
+    reruns failed ones with --retry-failed. Ends with a table of every cell and the 'posbench compare' command."""
+    from posbench.sweep.display import expected_total, plan_table
+    from posbench.sweep.plan import expand, validate
+    from posbench.sweep.study import StudyError, read_study
+
+    with user_errors():
+        if executor not in EXECUTORS:
+            raise StudyError(f"--executor {executor!r}: choose local or slurm")
+        for name, value in (("--jobs", jobs), ("--gpus-per-cell", gpus_per_cell), ("--max-jobs", max_jobs)):
+            if value is not None and value < 1:
+                raise StudyError(f"{name} must be >= 1, got {value}")
+        study = read_study(study_file)
+        cells = expand(study)
+        validate(cells)
+        root = out_dir if out_dir is not None else Path("results") / study.name
+        runner = make_executor(executor, study, root, jobs=jobs, gpus_per_cell=gpus_per_cell,
+                               cpus_per_cell=cpus_per_cell, partition=partition, time_limit=time_limit,
+                               account=account, max_jobs=max_jobs, dry_run=dry_run)
+        console = wide_out()
+        console.print(plan_table(cells, statuses(cells, root)))
+        console.print(expected_total(cells))
+        console.print(f"{runner if isinstance(runner, str) else runner.describe()}; output in {root}")
+        if dry_run:
+            return
+        code = run_study(study, cells, root, runner, retry_failed=retry_failed, quiet=quiet)
+    if code:
+        raise typer.Exit(code)
+
+
+def wide_out():
+    """stdout; in a log or a pipe 160 columns wide, so that cell ids and paths stay on one line."""
+    console = out()
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    return console
+
+
+def statuses(cells, root: Path) -> dict[str, str]:
+    """Where each cell stands on disk: complete, to resume, failed, or new."""
+    from posbench.sweep.cell import finished_run, read_record, unfinished_run
+    from posbench.sweep.scheduler import CELLS_DIR
+
+    found = {}
+    for cell in cells:
+        folder = root / CELLS_DIR / cell.id
+        if finished_run(folder) is not None:
+            found[cell.id] = "complete"
+        elif read_record(folder).get("state") == "failed":
+            found[cell.id] = "failed"
+        elif unfinished_run(folder) is not None:
+            found[cell.id] = "resume"
+        else:
+            found[cell.id] = "new"
+    return found
+
+
+def make_executor(kind: str, study, root: Path, *, jobs, gpus_per_cell, cpus_per_cell, partition, time_limit,
+                  account, max_jobs, dry_run: bool = False):
+    """The executor, its options checked; with ``dry_run`` a SLURM executor is only described (no sbatch needed)."""
+    from posbench.sweep.study import StudyError
+
+    if kind == "local":
+        slurm_only = {"--cpus-per-cell": cpus_per_cell, "--partition": partition, "--time": time_limit,
+                      "--account": account, "--max-jobs": max_jobs}
+        given = [name for name, value in slurm_only.items() if value is not None]
+        if given:
+            raise StudyError(f"{', '.join(given)}: options of --executor slurm")
+        from posbench.sweep.local import LocalExecutor
+
+        return LocalExecutor(jobs, gpus_per_cell or 1, study.device)
+    if jobs is not None:
+        raise StudyError("--jobs: an option of --executor local (on SLURM: --max-jobs)")
+    from posbench.sweep.slurm import SlurmExecutor, describe, slurm_options
+
+    options = slurm_options(study.slurm, {"partition": partition, "time": time_limit, "account": account,
+                                          "gpus_per_cell": gpus_per_cell, "cpus_per_cell": cpus_per_cell,
+                                          "max_jobs": max_jobs})
+    return describe(options) if dry_run else SlurmExecutor(root / "slurm", options)
+
+
+def run_study(study, cells, root: Path, runner, *, retry_failed: bool, quiet: bool) -> int:
+    """Run the cells; print the table of every cell and the compare command; the exit code (0: all finished,
+    1: a cell failed, was killed or blocked, 130: interrupted)."""
+    from posbench.files import atomic_write_text
+    from posbench.sweep.display import SweepDisplay, compare_command, outcome_table
+    from posbench.sweep.scheduler import FINISHED, Sweep
+
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(root / "study.toml", study.text)
+    console = err()
+    parallel = runner.capacity if runner.name == "local" else None
+    display = SweepDisplay(console, cells, parallel, quiet=quiet)
+    job = Sweep(cells, root, runner, display, retry_failed=retry_failed)
+    interrupted = False
+    try:
+        outcomes = job.run()
+    except KeyboardInterrupt:
+        interrupted, outcomes = True, job.outcomes
+    finally:
+        display.close()
+    console = wide_out()
+    console.print(outcome_table(outcomes, root))
+    left = runner.still_running([o.handle for o in outcomes.values() if o.state in ("running", "queued")])
+    if left:
+        console.print(left)
+    if any(o.state in FINISHED for o in outcomes.values()):
+        console.print(f"compare them: {compare_command(root)}")
+    if interrupted:
+        err().print("[yellow]interrupted[/yellow]; rerun the same command to go on (finished cells are skipped, "
+                    "killed ones resume from their checkpoints)")
+        return 130
+    bad = [o for o in outcomes.values() if o.state not in FINISHED]
+    if bad:
+        states = sorted({o.state for o in bad})
+        advice = {"killed": "rerun the same command to resume the killed cells",
+                  "failed": "--retry-failed reruns the failed ones (see their logs first)",
+                  "blocked": "blocked cells start once the cell they start from has finished"}
+        err().print(f"{len(bad)} of {len(outcomes)} cells did not finish ({', '.join(states)}): "
+                    + "; ".join(advice[s] for s in states if s in advice))
+        return 1
+    return 0

@@ -1,0 +1,129 @@
+"""A study expanded into cells: one cell is one ``posbench run`` (task x encoding x preset x variant x seed).
+
+Each cell has a stable id (``arithmetic-rope-tiny-s0``, with the variant before the seed when the study has
+variants) that names its folder in the output directory, so a rerun of the same study finds every cell's run
+again. A cell of a task with ``init = "pretrain"`` starts from the pretrain cell of the same encoding, seed and
+variant (and preset, when the pretrain task has several): its ``parent``.
+
+The cells are in the order they are started: seed 0 of every cell first (a stopped study stays balanced), and a
+cell after the cell it starts from. ``validate`` resolves every cell's configuration (names, presets, every
+``--set`` key and range) before anything runs; a cell that starts from another is resolved as a fresh run, since
+its ``--init`` run does not exist yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from posbench.sweep.study import Study, StudyError
+
+
+@dataclass(frozen=True)
+class Cell:
+    task: str
+    encoding: str
+    preset: str
+    seed: int
+    variant: str                    # "" when the study has no variants
+    sets: tuple[str, ...]           # the study's, the task's, then the variant's --set
+    device: str = "auto"
+    parent: str | None = None       # the id of the cell whose run this one starts from (--init)
+    expected_s: float | None = None  # the preset's expected time (seconds on its hardware), or None
+
+    @property
+    def id(self) -> str:
+        parts = [self.task, self.encoding, self.preset, *([self.variant] if self.variant else []), f"s{self.seed}"]
+        return "-".join(parts)
+
+    def run_args(self) -> list[str]:
+        """``posbench run`` arguments, without ``--init`` (the sweep adds it when the parent has finished) and
+        without ``--out`` (the cell's folder)."""
+        args = ["run", "-e", self.encoding, "-t", self.task, "-p", self.preset, "--seed", str(self.seed),
+                "--device", self.device]
+        for item in self.sets:
+            args += ["--set", item]
+        return args
+
+    def fingerprint(self) -> str:
+        """What the cell computes, hashed: a rerun into the same folder must mean the same cell."""
+        what = [self.task, self.encoding, self.preset, self.seed, list(self.sets), self.parent]
+        return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
+
+
+def expand(study: Study) -> list[Cell]:
+    from posbench.tasks import TASKS
+
+    cells: dict[tuple, Cell] = {}
+    for axis in study.tasks:
+        task_cls = TASKS.get(axis.name)
+        for preset in axis.presets:
+            preset = preset or task_cls.default_preset
+            expected = (task_cls.preset(preset).get("expected") or {}).get("seconds")
+            for variant, variant_sets in study.variants.items():
+                for seed in study.seeds:
+                    for encoding in axis.encodings:
+                        sets = (*study.sets, *axis.sets, *variant_sets)
+                        cell = Cell(axis.name, encoding, preset, seed, variant, sets, study.device,
+                                    expected_s=float(expected) if isinstance(expected, (int, float)) else None)
+                        cells[(axis.name, encoding, preset, variant, seed)] = cell
+    by_task = {axis.name: axis for axis in study.tasks}
+    linked = {}
+    for key, cell in cells.items():
+        init = by_task[cell.task].init
+        if init is not None:
+            parent = parent_of(cell, by_task[init].presets, init, cells)
+            cell = Cell(**{**cell.__dict__, "parent": parent.id})
+        linked[key] = cell
+    depth = {}
+    for cell in linked.values():
+        depth[cell.id] = task_depth(cell.task, by_task)
+    order = {axis.name: i for i, axis in enumerate(study.tasks)}
+    ids = [cell.id for cell in linked.values()]
+    if len(set(ids)) != len(ids):
+        raise StudyError(f"{study.path.name}: two cells would share one id; rename a variant")
+    return sorted(linked.values(), key=lambda c: (study.seeds.index(c.seed), depth[c.id], order[c.task]))
+
+
+def parent_of(cell: Cell, parent_presets: tuple, init: str, cells: dict[tuple, Cell]) -> Cell:
+    """The cell of task ``init`` that ``cell`` starts from: same encoding, seed and variant; the same preset when
+    the parent task has it in the study, else the parent task's only preset."""
+    candidates = [c for (task, encoding, _, variant, seed), c in cells.items()
+                  if task == init and encoding == cell.encoding and variant == cell.variant and seed == cell.seed]
+    same = [c for c in candidates if c.preset == cell.preset]
+    chosen = same or (candidates if len(candidates) == 1 else [])
+    if not chosen:
+        what = "no" if not candidates else f"several ({', '.join(c.preset for c in candidates)}) and none"
+        raise StudyError(f"cell {cell.id} starts from task '{init}', but the study has {what} {init} cell of "
+                         f"encoding '{cell.encoding}' (seed {cell.seed}, preset {cell.preset}); add the encoding "
+                         f"to task '{init}'")
+    return chosen[0]
+
+
+def task_depth(task: str, by_task: dict) -> int:
+    depth = 0
+    while by_task[task].init is not None:
+        task, depth = by_task[task].init, depth + 1
+    return depth
+
+
+def validate(cells: list[Cell]) -> None:
+    """Resolve each cell's configuration as ``posbench run`` would; the first problem is one line naming the cell."""
+    from posbench.errors import UserError
+    from posbench.runs.config import parse_assignment, resolve_run_config
+
+    seen: dict[tuple, None] = {}
+    for cell in cells:
+        key = (cell.task, cell.encoding, cell.preset, cell.sets, cell.device)
+        if key in seen:                           # seeds and parents do not change what is checked
+            continue
+        seen[key] = None
+        try:
+            resolve_run_config(cell.task, cell.encoding, cell.preset, seed=cell.seed, device=cell.device,
+                               sets=list(cell.sets))
+            for item in cell.sets:
+                parse_assignment(item)
+        except UserError as exc:
+            raise StudyError(f"cell {cell.id}: {exc}") from None
+

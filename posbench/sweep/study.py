@@ -1,0 +1,195 @@
+"""A study file: the axes of one comparison, as TOML (docs/sweeps.md).
+
+::
+
+    encodings = ["rope", "alibi"]          # or "rope,alibi"
+    tasks = ["pretrain", "perplexity"]
+    seeds = 3                              # seeds 0, 1, 2; or a list: [0, 5]
+    presets = ["tiny"]                     # default: each task's own default preset
+    set = ["train.log_every=5"]            # --set for every cell
+    device = "auto"
+
+    [variants]                             # an axis of named --set lists (optional)
+    base = []
+    "lr=3e-4" = ["lr=3e-4"]
+
+    [task.perplexity]                      # per task: --init chaining and its own settings (optional)
+    init = "pretrain"                      # start from this encoding's pretrain cell (same seed, variant)
+    set = ["task.eval_tokens=4096"]
+
+    [slurm]                                # the SLURM executor's defaults (the command line overrides them)
+    partition = "gpu"
+    time = 120
+    gpus_per_cell = 1
+
+``read_study(path)`` checks the shape (every key known, every value of its type) and returns a ``Study``;
+names (tasks, encodings, presets, settings) are checked when the plan resolves each cell's configuration.
+Every mistake is one line (``StudyError``).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posbench.errors import ConfigError
+from posbench.options import did_you_mean
+
+TOP_KEYS = ("name", "encodings", "tasks", "seeds", "presets", "set", "variants", "task", "device", "slurm")
+TASK_KEYS = ("init", "set", "presets", "encodings")
+SLURM_KEYS = ("partition", "time", "gpus_per_cell", "cpus_per_cell", "account", "qos", "constraint", "mem",
+              "max_jobs", "additional")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
+
+
+class StudyError(ConfigError):
+    """A study file that cannot be read or has a wrong key or value (one line)."""
+
+
+@dataclass(frozen=True)
+class TaskAxis:
+    """One task of the study and what it alone sets."""
+
+    name: str
+    presets: tuple[str | None, ...]        # None: the task's default preset
+    encodings: tuple[str, ...]
+    sets: tuple[str, ...] = ()
+    init: str | None = None                # the task whose cell (same encoding, seed, variant) this one starts from
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    path: Path
+    tasks: tuple[TaskAxis, ...]
+    seeds: tuple[int, ...]
+    variants: dict[str, tuple[str, ...]]   # {"": ()} when the study has none
+    sets: tuple[str, ...] = ()
+    device: str = "auto"
+    slurm: dict[str, Any] = field(default_factory=dict)
+    text: str = ""                         # the file as read (copied into the output directory)
+
+
+def read_study(path: Path | str) -> Study:
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError(f"study file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise StudyError(f"{path}: not valid TOML ({exc})") from None
+    where = path.name
+    known(raw, TOP_KEYS, where)
+    encodings = names(raw.get("encodings"), f"{where}: encodings")
+    task_names = names(raw.get("tasks"), f"{where}: tasks")
+    if not task_names:
+        raise StudyError(f"{where}: 'tasks' is required (a list of task names)")
+    per_task = table(raw.get("task", {}), f"{where}: [task]")
+    for name in per_task:
+        if name not in task_names:
+            raise StudyError(f"{where}: [task.{name}] is not one of the study's tasks ({', '.join(task_names)})")
+    presets = presets_of(raw.get("presets"), f"{where}: presets")
+    study_sets = strings(raw.get("set", []), f"{where}: set")
+    tasks = []
+    for name in task_names:
+        own = table(per_task.get(name, {}), f"{where}: [task.{name}]")
+        known(own, TASK_KEYS, f"{where}: [task.{name}]")
+        task_encodings = names(own["encodings"], f"{where}: [task.{name}] encodings") if "encodings" in own \
+            else encodings
+        if not task_encodings:
+            raise StudyError(f"{where}: no encodings for task '{name}' (give 'encodings')")
+        init = own.get("init")
+        if init is not None and (not isinstance(init, str) or init not in task_names or init == name):
+            raise StudyError(f"{where}: [task.{name}] init = {init!r}: expected the name of another task of the "
+                             f"study ({', '.join(t for t in task_names if t != name)})")
+        tasks.append(TaskAxis(name, presets_of(own["presets"], f"{where}: [task.{name}] presets")
+                              if "presets" in own else presets, tuple(task_encodings),
+                              tuple(strings(own.get("set", []), f"{where}: [task.{name}] set")), init))
+    check_no_cycle(tasks, where)
+    variants = {}
+    for key, value in table(raw.get("variants", {}), f"{where}: [variants]").items():
+        if not NAME.match(key):
+            raise StudyError(f"{where}: variant name {key!r}: use letters, digits and _ . = + -")
+        variants[key] = tuple(strings(value, f"{where}: variant {key!r}"))
+    slurm = table(raw.get("slurm", {}), f"{where}: [slurm]")
+    known(slurm, SLURM_KEYS, f"{where}: [slurm]")
+    device = raw.get("device", "auto")
+    if not isinstance(device, str):
+        raise StudyError(f"{where}: device must be a string (auto, cpu, cuda), got {device!r}")
+    name = raw.get("name", path.stem)
+    if not isinstance(name, str) or not NAME.match(name):
+        raise StudyError(f"{where}: name {name!r}: use letters, digits and _ . = + -")
+    return Study(name=name, path=path, tasks=tuple(tasks), seeds=tuple(seeds_of(raw.get("seeds", 1), where)),
+                 variants=variants or {"": ()}, sets=tuple(study_sets), device=device, slurm=slurm, text=text)
+
+
+def known(mapping: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
+    for key in mapping:
+        if key not in keys:
+            raise StudyError(f"{where}: unknown key '{key}'{did_you_mean(key, keys)}; keys: {', '.join(keys)}")
+
+
+def table(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise StudyError(f"{where} must be a table")
+    return value
+
+
+def names(value: Any, where: str) -> list[str]:
+    """A list of names, or one string of names separated by commas; each one once."""
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+        raise StudyError(f"{where}: expected a list of names, got {value!r}")
+    items = [v.strip() for v in items if v.strip()]
+    repeated = sorted({v for v in items if items.count(v) > 1})
+    if repeated:
+        raise StudyError(f"{where}: {', '.join(repeated)} given twice")
+    bad = [v for v in items if not NAME.match(v)]
+    if bad:
+        raise StudyError(f"{where}: {bad[0]!r} is not a name")
+    return items
+
+
+def presets_of(value: Any, where: str) -> tuple[str | None, ...]:
+    return tuple(names(value, where)) or (None,)
+
+
+def strings(value: Any, where: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise StudyError(f"{where}: expected a list of 'key=value' strings, got {value!r}")
+    return value
+
+
+def seeds_of(value: Any, where: str) -> list[int]:
+    """``seeds = 3`` -> [0, 1, 2]; ``seeds = [0, 5]`` -> [0, 5]."""
+    if isinstance(value, bool):
+        raise StudyError(f"{where}: seeds must be a count or a list of seeds, got {value!r}")
+    if isinstance(value, int):
+        if value < 1:
+            raise StudyError(f"{where}: seeds = {value}: the count must be >= 1")
+        return list(range(value))
+    if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                            and v >= 0 for v in value):
+        raise StudyError(f"{where}: seeds must be a count or a non-empty list of seeds >= 0, got {value!r}")
+    if len(set(value)) != len(value):
+        raise StudyError(f"{where}: seeds {value}: a seed is repeated")
+    return list(value)
+
+
+def check_no_cycle(tasks: list[TaskAxis], where: str) -> None:
+    parents = {t.name: t.init for t in tasks}
+    for start in parents:
+        seen, node = [start], parents[start]
+        while node is not None:
+            if node in seen:
+                raise StudyError(f"{where}: the tasks' init form a cycle: {' -> '.join([*seen, node])}")
+            seen.append(node)
+            node = parents[node]
