@@ -337,6 +337,37 @@ def test_by_model_puts_every_task_of_one_model_in_one_row(tmp_path, capsys):
     assert main(["compare", str(tmp_path), "--by-model", "--against", "rope"]) == 2
 
 
+def test_by_model_gives_each_extension_of_a_base_model_its_own_row(tmp_path, capsys):
+    """``extend --method tape|yarn|ntk`` on one Llama, each extension and the Llama itself evaluated by
+    ``perplexity``: four rows (the Llama, llama+ntk, llama+tape, llama+yarn), every cell that run's own value
+    (the extend runs are models of their own, not seeds of the base model's row; ntk trained 0 steps, the
+    others 2, which no longer splits the extend column)."""
+    base = tmp_path / "tiny-llama"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "llama"}')
+    hf = {"run": str(base), "kind": "hf", "label": "llama"}
+    extended, ppl_8x = {}, {"llama": 90.0, "llama+tape": 11.0, "llama+yarn": 13.0, "llama+ntk": 17.0}
+    for method, val_ppl, steps in (("tape", 12.0, 2), ("yarn", 14.0, 2), ("ntk", 18.0, 0)):
+        label = f"llama+{method}"
+        extended[label] = make_run(tmp_path, "extend", label, 0, {"val_ppl": val_ppl}, init=str(base),
+                                   train={"steps": steps}, hib={"val_ppl": False}, extra={"init": hf})
+    for label, ppl in ppl_8x.items():
+        init = extended.get(label, base)
+        make_run(tmp_path, "perplexity", label, 0, {"ppl_8x": ppl}, init=str(init), hib={"ppl_8x": False},
+                 extra={"init": {"run": str(init), "kind": "extended" if init != base else "hf", "label": label}})
+    (table,) = report.collect(tmp_path, by_model=True).tables
+    cells = {row.label: {c: row.cells[c].value for c in table.columns} for row in table.rows}
+    assert table.columns == ["extend:val_ppl", "perplexity:ppl_8x"]
+    assert cells == {"llama": {"extend:val_ppl": None, "perplexity:ppl_8x": 90.0},
+                     "llama+ntk": {"extend:val_ppl": 18.0, "perplexity:ppl_8x": 17.0},
+                     "llama+tape": {"extend:val_ppl": 12.0, "perplexity:ppl_8x": 11.0},
+                     "llama+yarn": {"extend:val_ppl": 14.0, "perplexity:ppl_8x": 13.0}}
+    assert all(len(row.runs) == (1 if row.label == "llama" else 2) for row in table.rows)
+    assert main(["compare", str(tmp_path), "--by-model", "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| llama+tape | **12.00** | **11.00** |" in out and "| llama | - | 90.00 |" in out
+
+
 def perplexity_tree(root, encodings=("rope", "alibi", "randpe")):
     names = [f"ppl_{k}x" for k in (1, 2, 4, 8)] + [f"ppl_sliding_{k}x" for k in (1, 2, 4, 8)]
     for i, enc in enumerate(encodings):
