@@ -20,7 +20,8 @@ from typing import Any
 
 from posbench.report import grouping
 from posbench.report.model import Row, TaskTable
-from posbench.report.tables import mark_best, metric_cell, metric_columns, run_id
+from posbench.report.best import RULE, mark_best
+from posbench.report.tables import metric_cell, metric_columns, run_id
 from posbench.runs.record import RunRecord
 
 
@@ -102,7 +103,7 @@ def models_table(runs: list[RunRecord]) -> TaskTable:
         encoding = str(m["run"].encoding) if m["run"] is not None else label
         rows.append(Row(label, encoding, run_id(m["run"]) if m["run"] else identity, identity, None, cells, None,
                         all_runs))
-    mark_best(rows, columns, hib)
+    tested = mark_best(rows, columns, hib)
     rows.sort(key=lambda r: r.label)
     notes = ["one row per model: runs that evaluate another run's model (--init) are in that run's row, an "
              "extension (extend) is a model of its own; a row's runs of one task are averaged"]
@@ -115,5 +116,7 @@ def models_table(runs: list[RunRecord]) -> TaskTable:
                 shown = [f"{k}={grouping.show(v)}" for k, v in a.items()
                          if not k.startswith("encoding.") and k != "init"]
                 notes.append(f"{task}#{i + 1}: {', '.join(shown)}")
+    if tested:
+        notes.append(RULE)
     return TaskTable("models", None, columns, hib, rows, runs, title="models (every task's metrics)",
                      grouped=True, notes=notes, kind="models", row_header="model")

@@ -15,6 +15,8 @@ Layout of one run (never overwritten; the run id is a UTC timestamp plus a rando
 
 from __future__ import annotations
 
+import itertools
+
 import secrets
 import sys
 from dataclasses import dataclass
@@ -72,7 +74,13 @@ def read_config(run_dir: Path) -> dict[str, Any]:
 
 
 def write_predictions(run_dir: Path, rows) -> int:
-    return write_jsonl(run_dir / PREDICTIONS_FILE, rows)
+    """``predictions.jsonl`` when the evaluation has per-sample rows; no file when it has none."""
+    rows = iter(rows)
+    first = next(rows, None)
+    if first is None:
+        (Path(run_dir) / PREDICTIONS_FILE).unlink(missing_ok=True)
+        return 0
+    return write_jsonl(run_dir / PREDICTIONS_FILE, itertools.chain([first], rows))
 
 
 
