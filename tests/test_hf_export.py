@@ -302,6 +302,27 @@ def test_read_export_and_load_export_give_back_the_run(runs, tmp_path, capsys, n
     assert all(tokenizer.encode(t) == original.encode(t) for t in TEXTS)
 
 
+def test_the_frame_holds_the_settings_the_model_used_as_its_export_does(runs, tmp_path, capsys):
+    """``posbench.results.frame`` of a tiny TAPE run: the model's and the encoding's settings as the built model
+    used them (the configuration said d_ff 0 and position_size 0, "derived"), equal to what its export says;
+    numbers as numbers, the finish time as a UTC datetime."""
+    import pandas as pd
+
+    from posbench.results import frame
+
+    out = export(capsys, runs["tape"], tmp_path / "tape")
+    config = json.loads((out / "config.json").read_text())
+    df = frame(runs["tape"])
+    assert len(df) == len(json.loads((runs["tape"] / "result.json").read_text())["metrics"])
+    assert (df["model.d_ff"] == config["d_ff"]).all() and config["d_ff"] == 4 * config["d_model"]
+    assert (df["encoding.position_size"] == config["encoding_options"]["position_size"]).all()
+    assert config["encoding_options"]["position_size"] == 4 * config["n_heads"]
+    for column in ("value", "stderr", "train_s", "seed", "n", "model.d_ff", "train.lr", "encoding.theta"):
+        assert pd.api.types.is_numeric_dtype(df[column]), (column, df[column].dtype)
+    assert pd.api.types.is_datetime64_any_dtype(df["finished"]) and str(df["finished"].dt.tz) == "UTC"
+    assert df["finished"].notna().all() and df["stderr"].dtype == "float64"
+
+
 # ---- an exported RoPE model is a Llama for `posbench extend` ----------------------------------------------------
 
 def test_an_exported_rope_model_extends_with_lora_and_is_an_init(runs, tmp_path, capsys):

@@ -77,6 +77,11 @@ class Method:
     def check_options(cls, options: dict[str, Any]) -> None:
         """Constraints between options (each one's own range is in ``limits``); raise ConfigError."""
 
+    def resolved_options(self, config) -> dict[str, Any]:
+        """The options as the model built from ``config`` uses them (a 0 that means "derived" replaced by the
+        derived value); what a result records as the model's."""
+        return dict(self.options)
+
     # ---- the conversion -------------------------------------------------------------------------------
     def rope_parameters(self, config, scale: float) -> dict[str, Any]:
         return scaled_rope_parameters(config, scale)
@@ -173,6 +178,9 @@ class TapeMethod(Method):
 
     def position_size(self, config) -> int:
         return self.options["position_size"] or 4 * config.num_attention_heads
+
+    def resolved_options(self, config) -> dict[str, Any]:
+        return {**self.options, "position_size": self.position_size(config)}
 
     def added_formula(self, config) -> int:
         """L x (d x I + 2 x H x I + H x H) (row-sum gate; H for the scalar gate): the reference's formula."""
