@@ -516,3 +516,34 @@ def test_shaded_intervals_stay_where_the_quantity_can_be(tmp_path):
         assert list(line) == pytest.approx([3.0, 0.8] if stem == "arithmetic_loss" else [79.5, 39.75])
     for fig in figures.values():
         pyplot().close(fig)
+
+
+def test_compare_never_overwrites_a_report_or_a_figure_without_force(tmp_path, capsys):
+    """``--html`` over an existing file and ``--plots`` into a directory holding a figure of the same name: one
+    line, exit 2, nothing written (the tables are not even printed); ``--force`` replaces them; a --plots
+    directory that holds other files is used as it is."""
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        make_run(runs, "arithmetic", "rope", seed, {"accuracy": 40.0 + seed}, loss=[[1, 3.0], [2, 2.0 + seed]])
+    page, figures = tmp_path / "report.html", tmp_path / "figures"
+    page.write_text("my notes")
+    figures.mkdir()
+    (figures / "arithmetic_loss.png").write_bytes(b"my figure")
+    (figures / "other.txt").write_text("mine")
+    for args, what in ((["--html", str(page)], "report.html already exists"),
+                       (["--plots", str(figures)], "arithmetic_loss.png")):
+        assert main(["compare", str(runs), *args]) == 2
+        captured = capsys.readouterr()
+        assert captured.err.startswith("error:") and what in captured.err and "--force" in captured.err
+        assert len(captured.err.strip().splitlines()) == 1 and "arithmetic" not in captured.out
+    assert page.read_text() == "my notes" and (figures / "arithmetic_loss.png").read_bytes() == b"my figure"
+    assert sorted(p.name for p in figures.iterdir()) == ["arithmetic_loss.png", "other.txt"]
+    assert main(["compare", str(runs), "--html", str(page), "--plots", str(figures), "--force"]) == 0
+    capsys.readouterr()
+    assert page.read_text().startswith("<!DOCTYPE html>")
+    assert (figures / "arithmetic_loss.png").read_bytes()[:4] == b"\x89PNG" and (figures / "other.txt").exists()
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "other.txt").write_text("mine")
+    assert main(["compare", str(runs), "--plots", str(fresh)]) == 0
+    assert sorted(p.name for p in fresh.iterdir()) == ["arithmetic_loss.png", "other.txt"]

@@ -376,6 +376,35 @@ def test_bad_input_is_one_line_exit_2_and_nothing_is_overwritten(runs, tmp_path,
     _one_line_error(capsys, "export", runs["rope"], match="Missing argument")
 
 
+def test_export_takes_an_empty_directory_and_replaces_a_full_one_only_with_force(runs, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    export(capsys, runs["rope"], empty)
+    assert (empty / "config.json").is_file()
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    _one_line_error(capsys, "export", runs["rope"], full, match="--force")
+    assert [p.name for p in full.iterdir()] == ["keep.txt"]
+    code, _, stderr = _run(capsys, "export", runs["rope"], full, "--force")
+    assert code == 0, stderr
+    assert not (full / "keep.txt").exists() and (full / "config.json").is_file()      # replaced whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "full"]             # no temporary left
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    _one_line_error(capsys, "export", runs["rope"], afile, "--force", match="not a directory")
+    assert afile.read_text() == "mine"
+
+
+def test_the_tiny_llama_tool_refuses_a_directory_that_holds_files(tmp_path):
+    target = tmp_path / "tiny"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    done = subprocess.run([sys.executable, "-m", "posbench.hf.tiny", str(target)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith("error:") and "--force" in done.stderr
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+
+
 def test_export_help_has_examples(capsys):
     code, stdout, _ = _run(capsys, "export", "--help")
     assert code == 0 and "Examples" in stdout and "posbench export" in stdout

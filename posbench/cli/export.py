@@ -20,7 +20,9 @@ EXPORT_EPILOG = """[bold]Examples[/bold]
 
 def export(
     run_dir: Path = typer.Argument(..., help="A finished (or checkpointed) posbench run directory."),
-    out_dir: Path = typer.Argument(..., help="The new model directory (must not exist)."),
+    out_dir: Path = typer.Argument(..., help="The new model directory (new or empty)."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT_DIR when it already holds files (without it, "
+                               "export never overwrites)."),
 ) -> None:
     """Export a run's model and tokenizer as a Hugging Face model directory (RoPE: a plain Llama).
 
@@ -31,7 +33,7 @@ def export(
     with user_errors():
         from posbench.hf.export import export_run
 
-        meta = export_run(run_dir, out_dir)
+        meta = export_run(run_dir, out_dir, force=force)
     source = meta["source"]
     if meta["kind"] == "llama":
         how = "LlamaForCausalLM"

@@ -14,8 +14,8 @@ and the way back (``read_export`` / ``load_export``, for ``--init``).
     posbench_export.json              written last: format, kind (llama | posbench), the source run, its
                                       ModelConfig and its tokenizer's description
 
-The directory is written as a temporary sibling and renamed when complete; an existing ``OUT_DIR`` is never
-overwritten. Loading needs ``transformers`` (and, for the posbench type, ``posbench``): either import
+The directory is written as a temporary sibling and renamed when complete; an existing ``OUT_DIR`` that holds
+anything is never overwritten (``--force`` replaces it whole). Loading needs ``transformers`` (and, for the posbench type, ``posbench``): either import
 ``posbench.hf.modeling`` first (it registers the classes with ``AutoConfig`` / ``AutoModelForCausalLM``) or pass
 ``trust_remote_code=True``.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,17 +125,14 @@ def run_tokenizer(run_dir: Path, task: str, config: dict[str, Any], result: dict
 
 # ---- writing ---------------------------------------------------------------------------------------------------
 
-def export_run(run_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
-    """Write ``run_dir``'s model and tokenizer to ``out_dir`` (which must not exist); returns the export's
-    description (``posbench_export.json``, plus ``path``)."""
+def export_run(run_dir: str | Path, out_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
+    """Write ``run_dir``'s model and tokenizer to ``out_dir`` (new, or an empty directory; one that holds
+    anything only with ``force``, and then replaced whole); returns the export's description
+    (``posbench_export.json``, plus ``path``)."""
     out_dir = Path(out_dir)
-    if out_dir.exists():
-        raise ExportError(f"{out_dir} already exists; export never overwrites (choose a new directory)")
+    check_target(out_dir, force)
     run = read_run(run_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with building(out_dir, force) as tmp:
         kind = _write_model(run, tmp)
         from posbench.hf.export_tokenizer import hf_tokenizer, spec_of
 
@@ -145,14 +143,43 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
         from posbench.files import atomic_write_json
 
         atomic_write_json(tmp / META_FILE, meta)
+    return {**meta, "path": str(out_dir)}
+
+
+def check_target(out_dir: Path, force: bool) -> None:
+    """``out_dir`` may be written: it does not exist, or is an empty directory, or ``force`` replaces it."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ExportError(f"{out_dir} already exists and is not a directory; choose a new directory")
+    if any(out_dir.iterdir()) and not force:
+        raise ExportError(f"{out_dir} already exists and is not empty; export never overwrites: pass --force to "
+                          f"replace it, or choose a new directory")
+
+
+@contextmanager
+def building(out_dir: Path, force: bool):
+    """A temporary sibling of ``out_dir`` to write the export into; when the block ends it becomes ``out_dir``
+    (renamed; an existing ``out_dir`` is replaced only when it is empty or with ``force``), and on any error it
+    is removed, leaving ``out_dir`` as it was."""
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
         _usual_modes(tmp)
+        check_target(out_dir, force)               # it may have appeared (or filled) while exporting
         if out_dir.exists():
-            raise ExportError(f"{out_dir} appeared while exporting; export never overwrites")
-        os.rename(tmp, out_dir)
+            old = out_dir.with_name(f".{out_dir.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(out_dir, old)
+            os.rename(tmp, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {**meta, "path": str(out_dir)}
 
 
 def _write_model(run: RunModel, directory: Path) -> str:

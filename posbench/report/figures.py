@@ -68,18 +68,29 @@ def table_figures(table: TaskTable) -> Iterator[tuple[str, Any]]:
         yield f"{_safe(table.task)}_loss", fig
 
 
-def plot(report: Report, out_dir: Path | str) -> list[Path]:
-    """Write every figure as PNG into ``out_dir``; returns the files written."""
+def plot(report: Report, out_dir: Path | str, *, force: bool = False) -> list[Path]:
+    """Write every figure as PNG into ``out_dir``; returns the files written. A file already there is a one-line
+    error before anything is written, unless ``force`` (then it is replaced)."""
+    from posbench.files import atomic_save
+    from posbench.runs.record import ResultError
+
     plt = pyplot()
     out_dir = Path(out_dir)
+    made = [(out_dir / f"{stem}.png", fig) for stem, fig in figures(report)]
+    taken = [path for path, _ in made if path.exists()]
+    if (taken and not force) or (out_dir.exists() and not out_dir.is_dir()):
+        for _, fig in made:
+            plt.close(fig)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise ResultError(f"--plots {out_dir} is a file, not a directory")
+        raise ResultError(f"--plots {out_dir}: {len(taken)} figure(s) would replace files already there "
+                          f"({', '.join(p.name for p in taken[:3])}{', ...' if len(taken) > 3 else ''}); pass --force "
+                          f"to replace them, or choose another directory")
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for stem, fig in figures(report):
-        path = out_dir / f"{stem}.png"
-        fig.savefig(path, dpi=DPI)
+    for path, fig in made:
+        atomic_save(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=DPI, format="png"))
         plt.close(fig)
-        written.append(path)
-    return written
+    return [path for path, _ in made]
 
 
 def png_bytes(fig) -> bytes:
