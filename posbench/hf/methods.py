@@ -18,8 +18,9 @@ Two more change the rotary embedding in another way (``--scale`` is their factor
   ``sqrt(1/t) = 0.1 ln(scale) + 1``, as transformers' ``rope_type="yarn"`` computes them; trained as ``lora``
   (the same trainable set, so that only the rotary embedding differs; the YaRN paper fine-tunes every weight).
 * ``ntk``: dynamic NTK-aware scaling (transformers' ``rope_type="dynamic"``, ``factor`` = ``--scale``) instead
-  of the interpolation, with no training at all: nothing is trainable and ``--steps`` must be 0
-  (:meth:`Method.check_steps`). The RoPE base grows with the sequence length (``posbench.hf.rope``).
+  of the interpolation, with no training at all: nothing is trainable and the run takes 0 steps (its
+  configuration starts from 0; a ``--steps`` above 0 is refused, :meth:`Method.check_steps`). The RoPE base
+  grows with the sequence length (``posbench.hf.rope``).
 
 "Embeddings and norms" follows LongLoRA's ``trainable_params="embed,norm"``: ``model.embed_tokens``, every
 RMSNorm, not ``lm_head``. A method's options are ``--set method.KEY=VALUE``. Each method states its
@@ -55,7 +56,7 @@ class Method:
     description: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
     limits: ClassVar[dict[str, Any]] = {}
-    #: False for a training-free method (``--steps`` must be 0)
+    #: False for a training-free method (its runs take 0 steps; ``--steps`` above 0 is refused)
     trains: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -100,8 +101,8 @@ class Method:
     def check_steps(self, steps: int) -> None:
         """Refuse training steps a training-free method cannot take (one-line error)."""
         if not self.trains and steps > 0:
-            raise ConfigError(f"method '{self.name}' trains nothing ({self.description}): pass --steps 0 "
-                              f"(it is still evaluated at --length and saved)")
+            raise ConfigError(f"method '{self.name}' trains nothing ({self.description}): leave --steps out "
+                              f"(it takes 0 steps; it is still evaluated at --length and saved)")
 
     def is_method_parameter(self, name: str) -> bool:
         raise NotImplementedError
