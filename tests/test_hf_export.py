@@ -367,7 +367,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_is_overwritten(runs, tmp_path,
     extend_run = tmp_path / "extend-run"
     extend_run.mkdir()
     (extend_run / "config.json").write_text(json.dumps({"config": {"task": "extend"}}))
-    _one_line_error(capsys, "export", extend_run, target, match="already a Hugging Face directory")
+    _one_line_error(capsys, "export", extend_run, target, match="extend run that has not finished")
     target.mkdir()
     (target / "keep.txt").write_text("mine")
     _one_line_error(capsys, "export", runs["rope"], target, match="already exists")

@@ -15,6 +15,8 @@ EXPORT_EPILOG = """[bold]Examples[/bold]
   posbench export results/arithmetic/tape/20250101-120000-ab12cd exported/tape
 
   posbench extend --model exported/rope --method lora --length 1024 --data stdlib
+
+  posbench export results/extend/llama+tape/20250101-120000-ab12cd exported/llama-tape    (TAPE kept: trust_remote_code)
 """
 
 
@@ -27,7 +29,8 @@ def export(
     """Export a run's model and tokenizer as a Hugging Face model directory (RoPE: a plain Llama).
 
     AutoModelForCausalLM and AutoTokenizer.from_pretrained(OUT_DIR) load it. Any encoding but RoPE is posbench's
-    own model type (model_type 'posbench'): import posbench.hf.modeling first, or pass trust_remote_code=True."""
+    own model type (model_type 'posbench'): pass trust_remote_code=True. An extend run's model keeps its method:
+    LoRA folded into a plain Llama (yarn, ntk: transformers' rope parameters), TAPE as its own model type."""
     from rich.markup import escape
 
     with user_errors():
@@ -38,7 +41,9 @@ def export(
     if meta["kind"] == "llama":
         how = "LlamaForCausalLM"
     else:
-        how = ("PosbenchForCausalLM: import posbench.hf.modeling before loading, or pass trust_remote_code=True "
-               "(posbench must be installed)")
+        from posbench.hf.tape_model import MODEL_TYPE
+
+        name = "TapeLlamaForCausalLM" if meta["kind"] == MODEL_TYPE else "PosbenchForCausalLM"
+        how = f"{name}: pass trust_remote_code=True (posbench must be installed)"
     out().print(f"[bold]export[/bold] {source['task']} / [bold]{source['encoding']}[/bold] "
                 f"({meta['tokenizer']['kind']} tokenizer) -> {escape(meta['path'])}  {escape(f'[{how}]')}")

@@ -1,5 +1,6 @@
 """``posbench export RUN_DIR OUT_DIR``: a run's trained model and tokenizer as a Hugging Face model directory,
-and the way back (``read_export`` / ``load_export``, for ``--init``).
+and the way back (``read_export`` / ``load_export``, for ``--init``). An ``extend`` run's model is exported by
+``posbench.hf.export_extended``.
 
 ``OUT_DIR`` holds::
 
@@ -66,6 +67,13 @@ class RunModel:
     weights: Path
 
 
+def run_task(run_dir: str | Path) -> str | None:
+    """The task of a run directory (its config.json), or None."""
+    stored = json_object(Path(run_dir) / "config.json")
+    config = stored.get("config") if isinstance(stored, dict) else None
+    return str(config["task"]) if isinstance(config, dict) and "task" in config else None
+
+
 def read_run(run_dir: str | Path) -> RunModel:
     """The trained model, its configuration and its tokenizer of a posbench run directory (one-line errors)."""
     from posbench.files import read_json
@@ -79,9 +87,6 @@ def read_run(run_dir: str | Path) -> RunModel:
     if not isinstance(config, dict) or "task" not in config:
         raise ExportError(f"{run_dir} is not a posbench run directory (its config.json has no run config)")
     task = str(config["task"])
-    if task == "extend":
-        raise ExportError(f"{run_dir} is an extend run: its model is already a Hugging Face directory "
-                          f"({run_dir / 'checkpoint' / 'model'})")
     found = checkpoint_path(run_dir / "checkpoint")
     if found is None:
         raise ExportError(f"{run_dir} has no checkpoint (checkpoint/{WEIGHTS}): nothing to export")
@@ -130,13 +135,19 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, force: bool = False)
     anything only with ``force``, and then replaced whole); returns the export's description
     (``posbench_export.json``, plus ``path``)."""
     out_dir = Path(out_dir)
+    if run_task(run_dir) == "extend":
+        from posbench.hf.export_extended import export_extended
+
+        return export_extended(Path(run_dir), out_dir, force=force)
     check_target(out_dir, force)
     run = read_run(run_dir)
     with building(out_dir, force) as tmp:
         kind = _write_model(run, tmp)
         from posbench.hf.export_tokenizer import hf_tokenizer, spec_of
 
-        hf_tokenizer(run.tokenizer).save_pretrained(str(tmp))
+        tokenizer = hf_tokenizer(run.tokenizer)
+        tokenizer.model_max_length = int(run.model_config["max_seq_len"])     # the length trained at
+        tokenizer.save_pretrained(str(tmp))
         meta = {"format": FORMAT, "kind": kind, "model_config": run.model_config, "tokenizer": spec_of(run.tokenizer),
                 "source": {"run": str(run.run_dir), "run_id": run.run_dir.name, "task": run.task,
                            "encoding": run.encoding, "checkpoint_sha256": _sha256(run.weights)}}
