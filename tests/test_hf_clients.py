@@ -174,60 +174,23 @@ def test_an_extended_export_says_its_context_and_tokens_and_is_an_init(made):
 
 # ---- item 4: lm-evaluation-harness as a client ------------------------------------------------------------------
 
-TEXTS = ["def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog.",
-         "import os\nprint(os.getcwd())\n", "for i in range(3):\n    print(i)\n"]
-PROMPTS = [("def f(x):\n    return", " x"), ("import", " os"), ("print(", "1)"), ("for i in", " range")]
-MAX_GEN_TOKS = 8
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ROOT / "docs" / "lm-eval"                  # the local task docs/pretrained.md runs
+TEXTS = [json.loads(line)["text"] for line in (TASKS / "text.jsonl").read_text().splitlines()]
+PROMPTS = [json.loads(line)["prompt"] for line in (TASKS / "prompts.jsonl").read_text().splitlines()]
+MAX_GEN_TOKS = 8                                   # posbench_complete.yaml's max_gen_toks
 #: generate_until's batch size per export; a posbench-typed export (tape) takes no padding yet (issue 24 item 2)
 GENERATE_BATCH = {"rope": 4, "tape": 1, "extended": 4}
 EXPORTS = {"rope": "export:rope", "tape": "export:tape", "extended": "export:llama+tape"}
 
 
 def write_tasks(directory: Path) -> Path:
-    """A local lm-eval task of each kind over jsonl files (no hub): posbench_text (loglikelihood_rolling) and
-    posbench_complete (generate_until, greedy, up to the first newline)."""
+    """docs/lm-eval's tasks (posbench_text: loglikelihood_rolling; posbench_complete: generate_until, greedy, up
+    to the first newline), their data files named by absolute path."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-    (directory / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n"
-                                                     for p, a in PROMPTS))
-    (directory / "posbench_text.yaml").write_text(textwrap.dedent(f"""\
-        task: posbench_text
-        dataset_path: json
-        dataset_kwargs:
-          data_files:
-            test: {directory / 'text.jsonl'}
-        test_split: test
-        output_type: loglikelihood_rolling
-        doc_to_text: ""
-        doc_to_target: "{{{{text}}}}"
-        metric_list:
-          - metric: word_perplexity
-          - metric: byte_perplexity
-          - metric: bits_per_byte
-        metadata:
-          version: 1.0
-        """))
-    (directory / "posbench_complete.yaml").write_text(textwrap.dedent(f"""\
-        task: posbench_complete
-        dataset_path: json
-        dataset_kwargs:
-          data_files:
-            test: {directory / 'prompts.jsonl'}
-        test_split: test
-        output_type: generate_until
-        doc_to_text: "{{{{prompt}}}}"
-        doc_to_target: "{{{{answer}}}}"
-        generation_kwargs:
-          until: ["\\n"]
-          max_gen_toks: {MAX_GEN_TOKS}
-          do_sample: false
-        metric_list:
-          - metric: exact_match
-            aggregation: mean
-            higher_is_better: true
-        metadata:
-          version: 1.0
-        """))
+    for yaml in TASKS.glob("*.yaml"):
+        (directory / yaml.name).write_text(yaml.read_text().replace("docs/lm-eval/", f"{TASKS}/"))
+    assert "max_gen_toks: 8" in (TASKS / "posbench_complete.yaml").read_text()
     return directory
 
 
@@ -299,4 +262,4 @@ def test_lm_eval_evaluates_a_rope_a_tape_and_an_extended_export_as_posbench_does
         (samples,) = (tmp_path / name).rglob("samples_posbench_complete_*.jsonl")
         generated = {json.loads(line)["doc"]["prompt"]: json.loads(line)["filtered_resps"][0]
                      for line in samples.read_text().splitlines()}
-        assert generated == {p: side.complete(p) for p, _ in PROMPTS}, name
+        assert generated == {p: side.complete(p) for p in PROMPTS}, name
