@@ -263,3 +263,42 @@ def test_lm_eval_evaluates_a_rope_a_tape_and_an_extended_export_as_posbench_does
         generated = {json.loads(line)["doc"]["prompt"]: json.loads(line)["filtered_resps"][0]
                      for line in samples.read_text().splitlines()}
         assert generated == {p: side.complete(p) for p in PROMPTS}, name
+
+
+# ---- item 6: no deprecation warning -----------------------------------------------------------------------------
+
+WARNINGS_SCRIPT = textwrap.dedent('''
+    import sys, warnings
+    for category in (DeprecationWarning, FutureWarning):          # posbench's own calls: an error
+        warnings.filterwarnings("error", category=category, module=r"posbench\\b")
+    import torch
+    from posbench.cli import main
+    llama, extended, tape_export, out = sys.argv[1:5]
+    for argv in (["extend", "--model", llama, "--method", "tape", "--length", "128", "--data", "stdlib", "-p",
+                  "tiny", "-q", "-o", out, "--set", "task.eval_tokens=512", "--set", "train.steps=1"],
+                 ["run", "-t", "perplexity", "-p", "tiny", "--init", extended, "-q", "-o", out,
+                  "--set", "model.max_seq_len=32", "--set", "task.eval_tokens=256", "--set", "task.protocols=chunks"],
+                 ["run", "-t", "perplexity", "-p", "tiny", "--init", llama, "-q", "-o", out,
+                  "--set", "model.max_seq_len=32", "--set", "task.eval_tokens=256", "--set", "task.protocols=chunks"]):
+        assert main(argv) == 0, argv
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    for directory in (tape_export, extended + "/checkpoint/model"):
+        tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=True)
+        model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
+        prompt = tokenizer(["def f(x):"], return_tensors="pt")
+        for use_cache in (True, False):
+            model.generate(**prompt, max_new_tokens=4, do_sample=False, use_cache=use_cache)
+''')
+
+
+def test_extend_llama_evaluations_and_a_tape_export_generate_without_a_deprecation_warning(made, tmp_path):
+    """In a fresh process with the warnings a user sees (and posbench's own deprecated calls made errors): an
+    extend run, perplexity of an extended and of a plain Llama, and transformers' generate (cached and not) on a
+    TAPE export and a TAPE-extended model print no deprecation warning and never ask for remote code."""
+    done = subprocess.run([sys.executable, "-c", WARNINGS_SCRIPT, str(made["llama"]), str(made["extend:tape"]),
+                           str(made["export:tape"]), str(tmp_path / "out")], capture_output=True, text=True,
+                          env={**os.environ, **OFFLINE}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = done.stdout + done.stderr
+    assert "deprecat" not in printed.lower(), printed[-3000:]
+    assert "custom code" not in printed, printed[-3000:]

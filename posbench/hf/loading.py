@@ -146,6 +146,7 @@ def load_tokenizer(name_or_path: str | Path):
     """The model's tokenizer as a posbench ``Tokenizer`` (``posbench.data.tokenizer.HFTokenizer``)."""
     from posbench.data.errors import DataError
     from posbench.data.tokenizer import HFTokenizer
+    from posbench.hf import tape_model  # noqa: F401  (its model type registered: AutoTokenizer reads config.json)
 
     _quiet()
     try:
