@@ -22,6 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from posbench.cells import cell
+
 SETTING_SECTIONS = ("model", "encoding", "train", "task")
 FIXED_COLUMNS = ["run_id", "task", "encoding", "seed", "preset", "init", "metric", "value", "stderr", "n",
                  "higher_is_better", "primary", "train_s", "finished", "path"]
@@ -76,12 +78,3 @@ def run_rows(run: Any) -> list[dict[str, Any]]:
             "train_s": run.timings.train_s, "finished": run.finished, "path": str(run.path), **settings}
     return [{**base, "metric": name, "value": metric.value, "stderr": metric.stderr, "n": metric.n,
              "higher_is_better": metric.higher_is_better} for name, metric in run.metrics.items()]
-
-
-def cell(value: Any) -> Any:
-    """A setting as one DataFrame cell: lists and dicts as text, so that columns group and compare."""
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in sorted(value.items()))
-    return value

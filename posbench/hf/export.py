@@ -23,9 +23,6 @@ anything is never overwritten (``--force`` replaces it whole). Loading needs ``t
 
 from __future__ import annotations
 
-import os
-import shutil
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posbench.errors import UserError
 from posbench.files import json_object
+from posbench.hf.export_dir import ExportError, building, check_target
 
 FORMAT = 1
 META_FILE = "posbench_export.json"
@@ -46,10 +43,6 @@ REMOTE_FILES = {
 }
 AUTO_MAP = {"AutoConfig": "configuration_posbench.PosbenchConfig",
             "AutoModelForCausalLM": "modeling_posbench.PosbenchForCausalLM"}
-
-
-class ExportError(UserError):
-    """A run that cannot be exported, or a directory that is not an export; ``str()`` is one line."""
 
 
 # ---- the run ---------------------------------------------------------------------------------------------------
@@ -155,42 +148,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, force: bool = False)
 
         atomic_write_json(tmp / META_FILE, meta)
     return {**meta, "path": str(out_dir)}
-
-
-def check_target(out_dir: Path, force: bool) -> None:
-    """``out_dir`` may be written: it does not exist, or is an empty directory, or ``force`` replaces it."""
-    if not out_dir.exists():
-        return
-    if not out_dir.is_dir():
-        raise ExportError(f"{out_dir} already exists and is not a directory; choose a new directory")
-    if any(out_dir.iterdir()) and not force:
-        raise ExportError(f"{out_dir} already exists and is not empty; export never overwrites: pass --force to "
-                          f"replace it, or choose a new directory")
-
-
-@contextmanager
-def building(out_dir: Path, force: bool):
-    """A temporary sibling of ``out_dir`` to write the export into; when the block ends it becomes ``out_dir``
-    (renamed; an existing ``out_dir`` is replaced only when it is empty or with ``force``), and on any error it
-    is removed, leaving ``out_dir`` as it was."""
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-        _usual_modes(tmp)
-        check_target(out_dir, force)               # it may have appeared (or filled) while exporting
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(out_dir, old)
-            os.rename(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _write_model(run: RunModel, directory: Path) -> str:
@@ -327,15 +284,6 @@ def _load_safetensors(paths: list[Path]) -> dict[str, Tensor]:
             raise ExportError(f"cannot read {path} ({type(exc).__name__})") from None
     return state
 
-
-
-def _usual_modes(directory: Path) -> None:
-    """save_pretrained writes its weights 0600; give every file the mode the umask gives a new file."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in directory.iterdir():
-        if path.is_file():
-            os.chmod(path, 0o666 & ~umask)
 
 
 def _sha256(path: Path) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from posbench.hf.export import ExportError, building, check_target
+from posbench.hf.export_dir import ExportError, building, check_target
 
 MODEL_SUBDIR = "checkpoint/model"
 

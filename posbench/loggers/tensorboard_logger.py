@@ -24,23 +24,20 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from posbench.cells import PREFIXES, cell
 from posbench.files import atomic_write_json, json_object
 from posbench.loggers.base import ExperimentLogger, LoggerError, present
 
 DIR = "tensorboard"
 STEPS_FILE = "steps.json"
-#: RunConfig sections -> the frame's column prefixes
-SECTIONS = {"model": "model", "encoding_options": "encoding", "train": "train", "task_options": "task"}
 
 
 def frame_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     """A run configuration (``RunConfig.to_dict()``) as the frame's columns: the run's identity (``encoding`` is
-    the row name, its label) and every setting as ``section.key``, lists as text (``posbench.results.cell``)."""
-    from posbench.results import cell
-
+    the row name, its label) and every setting as ``section.key``, lists as text (``posbench.cells.cell``)."""
     out = {"task": config.get("task"), "encoding": config.get("label") or config.get("encoding"),
            "seed": config.get("seed"), "preset": config.get("preset"), "init": config.get("init")}
-    for section, prefix in SECTIONS.items():
+    for section, prefix in PREFIXES.items():
         for key, value in (config.get(section) or {}).items():
             out[f"{prefix}.{key}"] = cell(value)
     return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in out.items()}
