@@ -4,10 +4,11 @@ transformers' own rope parameters), and lm-evaluation-harness (``lm_eval --model
 TAPE and an extended export over a small local task, giving the numbers posbench's own models give.
 
 The models are tiny real runs through the CLI: a tiny local Llama (``posbench.hf.tiny``, 64 positions)
-extended to 128 tokens with tape, yarn and ntk (2 steps at lr 0.05, so that TAPE's updates and LoRA's B are
-far from their zero start), and two tiny ``pretrain`` runs (rope, tape; byte tokens). Tolerances: where the
+extended to 128 tokens with every method (2 steps at lr 0.05, so that TAPE's updates and LoRA's B are far
+from their zero start), and two tiny ``pretrain`` runs (rope, tape; byte tokens). Tolerances: where the
 export runs the code posbench runs on the same tensors (tape, ntk) the logits are bitwise equal (one thread
-in both processes); where LoRA was folded into the weights (yarn) |a - b| <= 1e-5 |b| + 1e-5 max(1, max|b|);
+in both processes); where LoRA was folded into the weights (lora, longlora, theta, yarn)
+|a - b| <= 1e-5 |b| + 1e-5 max(1, max|b|);
 lm-eval's bits per byte against posbench's log-likelihood: relative 1e-4 (float32 sums over ~100 tokens).
 """
 
@@ -29,7 +30,8 @@ from encoding_helpers import assert_close, one_thread  # noqa: F401 (a fixture)
 from posbench.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-EXTENDED = ["tape", "yarn", "ntk"]
+EXTENDED = ["tape", "lora", "longlora", "theta", "yarn", "ntk"]
+FOLDED = ("lora", "longlora", "theta", "yarn")          # an adapter folded into the weights on export
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -130,12 +132,12 @@ def test_every_extend_run_exports_to_plain_transformers_with_its_method(made, tm
         cls, got = loaded[method]
         expected = posbench_logits(made[f"extend:{method}"] / "checkpoint" / "model", x)
         assert cls == ("TapeLlamaForCausalLM" if method == "tape" else "LlamaForCausalLM")
-        if method == "yarn":                       # LoRA folded into the weights: float32 rounding
+        if method in FOLDED:                       # LoRA folded into the weights: float32 rounding
             assert_close(got, expected, rel=1e-5)
         else:                                      # the same tensors through the same code
             assert torch.equal(got, expected), (method, (got - expected).abs().max())
         # the method is there: not the plain Llama (whose logits, ~0.2 here, are rounded at ~1e-8; ntk's base
-        # change moves them by ~4e-4 on this small-weight model, tape's and yarn's trained weights by more)
+        # change moves them by ~4e-4 on this small-weight model, the trained weights of the others by more)
         assert (got - loaded["base"][1]).abs().max() > 1e-4, method
     # a TAPE-extended model without posbench's code is refused, never a Llama without its TAPE
     for name in ("tape-without-code", "tape-checkpoint-without-code"):
@@ -163,7 +165,7 @@ def test_an_extended_export_says_its_context_and_tokens_and_is_an_init(made):
             assert config["max_position_embeddings"] == 128
         assert tokenizer["model_max_length"] == 128 and meta["length"] == 128 and meta["label"] == f"llama+{method}"
         assert {generation[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")} == {0, 1, 2}
-        assert meta["method"] == (None if method == "yarn" else method)
+        assert meta["method"] == (None if method in FOLDED else method)
         assert resolve_init(str(directory)).label == f"llama+{method}"
     assert json.loads((made["export:llama+yarn"] / "posbench_extend.json").read_text())["merged"]["method"] == "yarn"
     assert json.loads((made["export:llama+tape"] / "config.json").read_text())["tape_position_size"] == 16
