@@ -8,16 +8,21 @@
 
 Columns: ``run_id``, ``task``, ``encoding`` (the row name ``compare`` uses), ``seed``, ``preset``, ``init``
 (the ``--init`` a run started from, or None), ``metric``, ``value``, ``stderr``, ``n``, ``higher_is_better``,
-``primary`` (the task's headline metric), ``train_s``, ``finished``, ``path``; then every resolved setting of
-the run as ``model.*``, ``encoding.*``, ``train.*`` and ``task.*`` columns (lists as text: ``"1,2,4,8"``).
-Runs of any schema version are read (``posbench.runs.record``); unreadable ones are left out (``compare``
-lists them).
+``primary`` (the task's headline metric), ``train_s``, ``finished`` (a UTC datetime), ``path``; then every
+setting of the run as ``model.*``, ``encoding.*``, ``train.*`` and ``task.*`` columns (lists as text:
+``"1,2,4,8"``). Model and encoding settings are the values the built model used, as its export and its
+checkpoint record them (``model.d_ff`` 128 where the configuration said 0, "4 x d_model"; TAPE's
+``encoding.position_size`` 8 where it said 0, "4 x heads"). Numeric columns are numbers (``stderr`` a float
+column, NaN where a metric has none). Runs of any schema version are read (``posbench.runs.record``);
+unreadable ones are left out (``compare`` lists them).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from posbench.cells import cell
 
 SETTING_SECTIONS = ("model", "encoding", "train", "task")
 FIXED_COLUMNS = ["run_id", "task", "encoding", "seed", "preset", "init", "metric", "value", "stderr", "n",
@@ -34,24 +39,42 @@ def frame(path: Path | str):
     runs, _ = scan_runs(Path(path))
     rows = [row for run in runs for row in run_rows(run)]
     columns = FIXED_COLUMNS + sorted({k for row in rows for k in row} - set(FIXED_COLUMNS))
-    return pd.DataFrame(rows, columns=columns)
+    df = pd.DataFrame(rows, columns=columns)
+    for name in df.columns:
+        if name in ("value", "stderr", "train_s"):
+            df[name] = pd.to_numeric(df[name], errors="coerce").astype("float64")
+        elif name in ("seed", "n"):
+            df[name] = pd.to_numeric(df[name], errors="coerce").astype("Int64")
+        elif numeric(df[name]):
+            df[name] = pd.to_numeric(df[name])
+    df["finished"] = pd.to_datetime(df["finished"], utc=True, errors="coerce", format="ISO8601")
+    return df
+
+
+def numeric(column) -> bool:
+    """Every value that is there is a number (not a bool): the column can be a numeric one."""
+    present = [v for v in column if v is not None and v == v]
+    return bool(present) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present)
+
+
+def resolved(run: Any) -> dict[str, dict[str, Any]]:
+    """The run's settings by section, the model's and the encoding's as the built model used them (the record's
+    ``model_config``: posbench's ``ModelConfig``, or a Hugging Face model's method options)."""
+    sections = {section: dict(run.config.section(section)) for section in SETTING_SECTIONS}
+    built = run.model_config or {}
+    sections["model"].update({k: v for k, v in built.items() if k in sections["model"]})
+    options = built.get("encoding_options") if "encoding_options" in built else built.get("method_options")
+    if isinstance(options, dict):
+        sections["encoding"].update(options)
+    return sections
 
 
 def run_rows(run: Any) -> list[dict[str, Any]]:
     """The rows of one run record: its identity and settings, once per metric."""
-    settings = {f"{section}.{key}": cell(value) for section in SETTING_SECTIONS
-                for key, value in run.config.section(section).items()}
+    settings = {f"{section}.{key}": cell(value) for section, values in resolved(run).items()
+                for key, value in values.items()}
     base = {"run_id": run.run_id, "task": run.task, "encoding": run.encoding, "seed": run.seed,
             "preset": run.preset, "init": run.init_given, "primary": run.primary_metric,
             "train_s": run.timings.train_s, "finished": run.finished, "path": str(run.path), **settings}
     return [{**base, "metric": name, "value": metric.value, "stderr": metric.stderr, "n": metric.n,
              "higher_is_better": metric.higher_is_better} for name, metric in run.metrics.items()]
-
-
-def cell(value: Any) -> Any:
-    """A setting as one DataFrame cell: lists and dicts as text, so that columns group and compare."""
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in sorted(value.items()))
-    return value

@@ -214,7 +214,9 @@ def test_runs_started_from_the_seeds_of_one_pretraining_pool(tmp_path):
     rows = tables["perplexity"].rows
     assert [(r.label, len(r.runs)) for r in rows] == [("alibi", 2), ("rope", 2)]
     assert rows[0].cells["ppl_1x"].value == pytest.approx(6.5) and rows[0].cells["ppl_1x"].best
-    assert not tables["perplexity"].notes[1:]          # nothing but the interval note: no setting differs
+    from posbench.report.best import RULE
+
+    assert tables["perplexity"].notes[1:] == [RULE]     # the interval note and the rule: no setting differs
 
 
 def arithmetic_predictions(pattern):
@@ -337,6 +339,37 @@ def test_by_model_puts_every_task_of_one_model_in_one_row(tmp_path, capsys):
     assert main(["compare", str(tmp_path), "--by-model", "--against", "rope"]) == 2
 
 
+def test_by_model_gives_each_extension_of_a_base_model_its_own_row(tmp_path, capsys):
+    """``extend --method tape|yarn|ntk`` on one Llama, each extension and the Llama itself evaluated by
+    ``perplexity``: four rows (the Llama, llama+ntk, llama+tape, llama+yarn), every cell that run's own value
+    (the extend runs are models of their own, not seeds of the base model's row; ntk trained 0 steps, the
+    others 2, which no longer splits the extend column)."""
+    base = tmp_path / "tiny-llama"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "llama"}')
+    hf = {"run": str(base), "kind": "hf", "label": "llama"}
+    extended, ppl_8x = {}, {"llama": 90.0, "llama+tape": 11.0, "llama+yarn": 13.0, "llama+ntk": 17.0}
+    for method, val_ppl, steps in (("tape", 12.0, 2), ("yarn", 14.0, 2), ("ntk", 18.0, 0)):
+        label = f"llama+{method}"
+        extended[label] = make_run(tmp_path, "extend", label, 0, {"val_ppl": val_ppl}, init=str(base),
+                                   train={"steps": steps}, hib={"val_ppl": False}, extra={"init": hf})
+    for label, ppl in ppl_8x.items():
+        init = extended.get(label, base)
+        make_run(tmp_path, "perplexity", label, 0, {"ppl_8x": ppl}, init=str(init), hib={"ppl_8x": False},
+                 extra={"init": {"run": str(init), "kind": "extended" if init != base else "hf", "label": label}})
+    (table,) = report.collect(tmp_path, by_model=True).tables
+    cells = {row.label: {c: row.cells[c].value for c in table.columns} for row in table.rows}
+    assert table.columns == ["extend:val_ppl", "perplexity:ppl_8x"]
+    assert cells == {"llama": {"extend:val_ppl": None, "perplexity:ppl_8x": 90.0},
+                     "llama+ntk": {"extend:val_ppl": 18.0, "perplexity:ppl_8x": 17.0},
+                     "llama+tape": {"extend:val_ppl": 12.0, "perplexity:ppl_8x": 11.0},
+                     "llama+yarn": {"extend:val_ppl": 14.0, "perplexity:ppl_8x": 13.0}}
+    assert all(len(row.runs) == (1 if row.label == "llama" else 2) for row in table.rows)
+    assert main(["compare", str(tmp_path), "--by-model", "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| llama+tape | **12.00** | **11.00** |" in out and "| llama | - | 90.00 |" in out
+
+
 def perplexity_tree(root, encodings=("rope", "alibi", "randpe")):
     names = [f"ppl_{k}x" for k in (1, 2, 4, 8)] + [f"ppl_sliding_{k}x" for k in (1, 2, 4, 8)]
     for i, enc in enumerate(encodings):
@@ -422,3 +455,95 @@ def test_the_frame_has_a_row_per_run_and_metric_and_its_means_are_compares(tmp_p
     assert main(["compare", str(tmp_path), "--format", "tidy"]) == 0
     tidy = pd.read_csv(io.StringIO(capsys.readouterr().out))
     assert len(tidy) == 12 and list(tidy.columns[:4]) == ["run_id", "task", "encoding", "seed"]
+
+
+@pytest.mark.parametrize("rope_seeds, tied", [((4.0, 6.0), True), ((3.8, 5.8), False)])
+def test_best_is_marked_only_where_the_difference_to_it_is_significant(tmp_path, capsys, rope_seeds, tied):
+    """Two seeds each, equal sample variances s^2 = 2: the Welch statistic of the difference d has variance
+    2/2 + 2/2 = 2 and 2 degrees of freedom, whose 97.5% quantile is 4.3027 (t table); so a mean within
+    4.3027 * sqrt(2) = 6.085 of the best (d = 6: t = 4.243, p = 0.051) is tied with it and marked alike, and one
+    6.2 away (t = 4.384, p = 0.048) is not. The rule is written under the table."""
+    for seed, (tape, rope) in enumerate(zip((10.0, 12.0), rope_seeds)):
+        make_run(tmp_path, "arithmetic", "tape", seed, {"accuracy": tape})
+        make_run(tmp_path, "arithmetic", "rope", seed, {"accuracy": rope})
+    (table,) = report.collect(tmp_path).tables
+    assert [(r.label, r.cells["accuracy"].best) for r in table.rows] == [("tape", True), ("rope", tied)]
+    assert any("p >= 0.05" in note for note in table.notes)
+    assert main(["compare", str(tmp_path), "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| tape | **11.00 ± 12.71** |" in out
+    assert ("| rope | **" in out) == tied and "p >= 0.05" in out
+
+
+@pytest.mark.parametrize("other, tied", [(47.3, True), (47.2, False)])
+def test_one_run_each_is_tested_on_the_evaluation_standard_errors(tmp_path, other, tied):
+    """One seed each, standard errors 1: z = d / sqrt(2) against 1.96 (d = 2.7: z = 1.909; d = 2.8: z = 1.980)."""
+    make_run(tmp_path, "arithmetic", "tape", 0, {"accuracy": 50.0}, stderr={"accuracy": 1.0})
+    make_run(tmp_path, "arithmetic", "rope", 0, {"accuracy": other}, stderr={"accuracy": 1.0})
+    (table,) = report.collect(tmp_path).tables
+    assert [r.cells["accuracy"].best for r in table.rows] == [True, tied]
+
+
+def test_the_issue_example_overlapping_intervals_are_both_marked(tmp_path):
+    """35.13 ± 27.29 against 36.83 ± 16.71 (3 seeds each): the intervals overlap almost wholly, both are bold."""
+    for seed, (a, b) in enumerate([(30.0, 20.0), (36.0, 36.5), (44.5, 48.89)]):
+        make_run(tmp_path, "arithmetic", "tape", seed, {"accuracy": a})
+        make_run(tmp_path, "arithmetic", "rope", seed, {"accuracy": b})
+    (table,) = report.collect(tmp_path).tables
+    assert all(r.cells["accuracy"].best for r in table.rows)
+
+
+def test_shaded_intervals_stay_where_the_quantity_can_be(tmp_path):
+    """Two seeds give t = 12.71, so a loss of 0.1 and 1.5 at one step has the interval 0.8 ± 8.89: the shaded
+    band must stop at zero (a cross-entropy is never negative), and an accuracy band in % at 0 and 100."""
+    from matplotlib.collections import PolyCollection
+
+    from posbench.report.figures import pyplot, table_figures
+
+    grid = {"accuracy": {"metric": "accuracy", "higher_is_better": True, "axes": [{"name": "len", "values": [1, 2]}],
+                         "meta": {"unit": "%"}}}
+    for seed, (loss, acc) in enumerate([(0.1, 99.0), (1.5, 60.0)]):
+        make_run(tmp_path, "arithmetic", "rope", seed, {"accuracy": acc}, loss=[[1, 3.0], [2, loss]],
+                 grids={"accuracy": {**grid["accuracy"], "values": [acc, acc / 2]}})
+    (table,) = report.collect(tmp_path).tables
+    figures = dict(table_figures(table))
+    assert set(figures) == {"arithmetic_accuracy", "arithmetic_loss"}
+    for stem, (low, high) in (("arithmetic_loss", (0.0, float("inf"))), ("arithmetic_accuracy", (0.0, 100.0))):
+        (band,) = [c for c in figures[stem].axes[0].collections if isinstance(c, PolyCollection)]
+        ys = band.get_paths()[0].vertices[:, 1]
+        assert ys.min() == pytest.approx(low) and ys.max() <= high, stem
+        line = figures[stem].axes[0].lines[0].get_ydata()
+        assert list(line) == pytest.approx([3.0, 0.8] if stem == "arithmetic_loss" else [79.5, 39.75])
+    for fig in figures.values():
+        pyplot().close(fig)
+
+
+def test_compare_never_overwrites_a_report_or_a_figure_without_force(tmp_path, capsys):
+    """``--html`` over an existing file and ``--plots`` into a directory holding a figure of the same name: one
+    line, exit 2, nothing written (the tables are not even printed); ``--force`` replaces them; a --plots
+    directory that holds other files is used as it is."""
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        make_run(runs, "arithmetic", "rope", seed, {"accuracy": 40.0 + seed}, loss=[[1, 3.0], [2, 2.0 + seed]])
+    page, figures = tmp_path / "report.html", tmp_path / "figures"
+    page.write_text("my notes")
+    figures.mkdir()
+    (figures / "arithmetic_loss.png").write_bytes(b"my figure")
+    (figures / "other.txt").write_text("mine")
+    for args, what in ((["--html", str(page)], "report.html already exists"),
+                       (["--plots", str(figures)], "arithmetic_loss.png")):
+        assert main(["compare", str(runs), *args]) == 2
+        captured = capsys.readouterr()
+        assert captured.err.startswith("error:") and what in captured.err and "--force" in captured.err
+        assert len(captured.err.strip().splitlines()) == 1 and "arithmetic" not in captured.out
+    assert page.read_text() == "my notes" and (figures / "arithmetic_loss.png").read_bytes() == b"my figure"
+    assert sorted(p.name for p in figures.iterdir()) == ["arithmetic_loss.png", "other.txt"]
+    assert main(["compare", str(runs), "--html", str(page), "--plots", str(figures), "--force"]) == 0
+    capsys.readouterr()
+    assert page.read_text().startswith("<!DOCTYPE html>")
+    assert (figures / "arithmetic_loss.png").read_bytes()[:4] == b"\x89PNG" and (figures / "other.txt").exists()
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "other.txt").write_text("mine")
+    assert main(["compare", str(runs), "--plots", str(fresh)]) == 0
+    assert sorted(p.name for p in fresh.iterdir()) == ["arithmetic_loss.png", "other.txt"]

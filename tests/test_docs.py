@@ -97,6 +97,11 @@ def run_command(args: list[str], work: Path) -> tuple[int, str]:
         return 0, ""
     if args[0] in RUN_LIKE:
         args = [*args, "--dry-run"]
+    if args[0] == "compare":            # each page is followed afresh: compare never overwrites an earlier page's
+        for flag in ("--plots", "--html"):
+            if flag in args:
+                target = work / args[args.index(flag) + 1]
+                shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(args)

@@ -302,6 +302,27 @@ def test_read_export_and_load_export_give_back_the_run(runs, tmp_path, capsys, n
     assert all(tokenizer.encode(t) == original.encode(t) for t in TEXTS)
 
 
+def test_the_frame_holds_the_settings_the_model_used_as_its_export_does(runs, tmp_path, capsys):
+    """``posbench.results.frame`` of a tiny TAPE run: the model's and the encoding's settings as the built model
+    used them (the configuration said d_ff 0 and position_size 0, "derived"), equal to what its export says;
+    numbers as numbers, the finish time as a UTC datetime."""
+    import pandas as pd
+
+    from posbench.results import frame
+
+    out = export(capsys, runs["tape"], tmp_path / "tape")
+    config = json.loads((out / "config.json").read_text())
+    df = frame(runs["tape"])
+    assert len(df) == len(json.loads((runs["tape"] / "result.json").read_text())["metrics"])
+    assert (df["model.d_ff"] == config["d_ff"]).all() and config["d_ff"] == 4 * config["d_model"]
+    assert (df["encoding.position_size"] == config["encoding_options"]["position_size"]).all()
+    assert config["encoding_options"]["position_size"] == 4 * config["n_heads"]
+    for column in ("value", "stderr", "train_s", "seed", "n", "model.d_ff", "train.lr", "encoding.theta"):
+        assert pd.api.types.is_numeric_dtype(df[column]), (column, df[column].dtype)
+    assert pd.api.types.is_datetime64_any_dtype(df["finished"]) and str(df["finished"].dt.tz) == "UTC"
+    assert df["finished"].notna().all() and df["stderr"].dtype == "float64"
+
+
 # ---- an exported RoPE model is a Llama for `posbench extend` ----------------------------------------------------
 
 def test_an_exported_rope_model_extends_with_lora_and_is_an_init(runs, tmp_path, capsys):
@@ -346,13 +367,42 @@ def test_bad_input_is_one_line_exit_2_and_nothing_is_overwritten(runs, tmp_path,
     extend_run = tmp_path / "extend-run"
     extend_run.mkdir()
     (extend_run / "config.json").write_text(json.dumps({"config": {"task": "extend"}}))
-    _one_line_error(capsys, "export", extend_run, target, match="already a Hugging Face directory")
+    _one_line_error(capsys, "export", extend_run, target, match="extend run that has not finished")
     target.mkdir()
     (target / "keep.txt").write_text("mine")
     _one_line_error(capsys, "export", runs["rope"], target, match="already exists")
     assert [p.name for p in target.iterdir()] == ["keep.txt"]
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]     # no half-written export
     _one_line_error(capsys, "export", runs["rope"], match="Missing argument")
+
+
+def test_export_takes_an_empty_directory_and_replaces_a_full_one_only_with_force(runs, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    export(capsys, runs["rope"], empty)
+    assert (empty / "config.json").is_file()
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    _one_line_error(capsys, "export", runs["rope"], full, match="--force")
+    assert [p.name for p in full.iterdir()] == ["keep.txt"]
+    code, _, stderr = _run(capsys, "export", runs["rope"], full, "--force")
+    assert code == 0, stderr
+    assert not (full / "keep.txt").exists() and (full / "config.json").is_file()      # replaced whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "full"]             # no temporary left
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    _one_line_error(capsys, "export", runs["rope"], afile, "--force", match="not a directory")
+    assert afile.read_text() == "mine"
+
+
+def test_the_tiny_llama_tool_refuses_a_directory_that_holds_files(tmp_path):
+    target = tmp_path / "tiny"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    done = subprocess.run([sys.executable, "-m", "posbench.hf.tiny", str(target)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith("error:") and "--force" in done.stderr
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
 
 
 def test_export_help_has_examples(capsys):

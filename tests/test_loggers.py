@@ -153,13 +153,13 @@ def test_tensorboard_events_hold_what_was_logged(tmp_path):
     for s, scalars in logged:
         logger.log_step(s, scalars)
     logger.finish({"accuracy": 97.5, "skipped": None})
-    got = _scalars(tmp_path / "tensorboard" / "train")
+    assert [p.name for p in (tmp_path / "tensorboard").iterdir() if p.is_dir()] == []    # one logdir
+    got = _scalars(tmp_path / "tensorboard")
     for name in ("loss", "lr", "grad_norm"):
-        assert [s for s, _ in got[name]] == list(range(1, 7))
-        assert [v for _, v in got[name]] == pytest.approx([sc[name] for _, sc in logged], rel=1e-6)   # float32
-    assert [s for s, _ in got["tokens_per_s"]] == [2, 4, 6]
-    root = _scalars(tmp_path / "tensorboard")
-    assert root["final/accuracy"] == [(6, 97.5)] and "final/skipped" not in root
+        assert [s for s, _ in got[f"train/{name}"]] == list(range(1, 7))
+        assert [v for _, v in got[f"train/{name}"]] == pytest.approx([sc[name] for _, sc in logged], rel=1e-6)
+    assert [s for s, _ in got["train/tokens_per_s"]] == [2, 4, 6]
+    assert got["final/accuracy"] == [(6, 97.5)] and "final/skipped" not in got
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
@@ -176,8 +176,10 @@ def test_tensorboard_events_hold_what_was_logged(tmp_path):
         if data.HasField("session_start_info"):
             hparams = {k: (v.number_value if v.HasField("number_value") else v.string_value)
                        for k, v in data.session_start_info.hparams.items()}
-    assert hparams["train.lr"] == 0.003 and hparams["task"] == "passkey"
-    assert hparams["task_options.depths"] == "[0.0, 0.5]"
+    # named as posbench.results.frame names its columns, lists as its text
+    assert hparams["train.lr"] == 0.003 and hparams["task"] == "passkey" and hparams["encoding"] == "rope"
+    assert hparams["task.depths"] == "0.0,0.5" and hparams["seed"] == 0
+    assert not [k for k in hparams if k.startswith(("task_options", "encoding_options"))]
 
 
 def test_tensorboard_resume_hides_the_steps_after_the_checkpoint(tmp_path):
@@ -190,10 +192,31 @@ def test_tensorboard_resume_hides_the_steps_after_the_checkpoint(tmp_path):
     for s, scalars in steps(10, start=6, shift=1.0):
         again.log_step(s, scalars)
     again.finish({"accuracy": 1.0})
-    loss = _scalars(tmp_path / "tensorboard" / "train")["loss"]
+    loss = _scalars(tmp_path / "tensorboard")["train/loss"]
     assert [s for s, _ in loss] == list(range(1, 11))
     assert [v for _, v in loss] == pytest.approx([3.0 / s for s in range(1, 6)] + [3.0 / s + 1 for s in range(6, 11)],
                                                  rel=1e-6)
+
+
+def test_tensorboard_phases_share_one_axis_and_a_resume_keeps_the_phases_before(tmp_path):
+    """A task of two phases (each counting its steps from 1) killed in the second: phase a's steps 1-4 are steps
+    1-4 of the run's axis and phase b's 1-3 are 5-7; the resumed run redoes b from its step 2 (axis 6) and
+    TensorBoard shows a whole and b with the resumed values from 6 on."""
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    first = make_loggers(["tensorboard"], tmp_path, CONFIG)[0]
+    for s in range(1, 5):
+        first.log_step(s, {"loss": 10.0 + s}, phase="a")
+    for s in range(1, 4):
+        first.log_step(s, {"loss": 20.0 + s}, phase="b")
+    first.close()
+    again = make_loggers(["tensorboard"], tmp_path, CONFIG)[0]
+    for s in range(2, 4):
+        again.log_step(s, {"loss": 30.0 + s}, phase="b")
+    again.finish({"score": 1.0})
+    got = _scalars(tmp_path / "tensorboard")
+    assert got["a/loss"] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 14.0)]
+    assert got["b/loss"] == [(5, 21.0), (6, 32.0), (7, 33.0)]
+    assert got["final/score"] == [(7, 1.0)]
 
 
 # ---- wandb ---------------------------------------------------------------------------------------------------
@@ -279,7 +302,10 @@ def test_a_logged_run_holds_the_losses_of_its_record(tmp_path, capsys):
     assert record["config"]["logs"] == ["tensorboard", "csv"]
     history = {int(step): loss for step, loss in record["training"]["loss_history"]}
     assert len(history) == 30
-    events = dict(_scalars(run / "tensorboard" / "train")["loss"])
+    scalars = _scalars(run / "tensorboard")               # training and final metrics in one logdir
+    events = dict(scalars["train/loss"])
+    assert {k: v for k, v in scalars.items() if k.startswith("final/")} == \
+        {f"final/{k}": [(30, pytest.approx(m["value"], rel=1e-6))] for k, m in record["metrics"].items()}
     assert set(events) == set(history)
     assert all(abs(events[s] - history[s]) <= 1e-6 * max(1.0, abs(history[s])) for s in history)
     rows = read_csv(run / "train_log.csv")

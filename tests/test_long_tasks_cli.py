@@ -48,6 +48,10 @@ def test_pretrain_then_every_long_task_then_compare(results, capsys, tmp_path):
     details = ppl["evaluation"]["results"]
     assert [d["tokens_scored"] for d in details if d["protocol"] == "chunks"] == [64 * 63, 32 * 127, 16 * 255]
     assert all(d["tokens_scored"] == 4095 for d in details if d["protocol"] == "sliding")
+    # no per-sample rows, no predictions file (an empty one was written before issue 24), in either run
+    for run in (pre, _only_run(results, "perplexity", "rope")):
+        record = json.loads((run / "result.json").read_text())
+        assert record["predictions"] is None and not (run / "predictions.jsonl").exists()
 
     code, _, stderr = _run(capsys, "run", "-t", "passkey", "-p", "tiny", "--init", str(pre), "-o", out, "-q")
     assert code == 0, stderr

@@ -70,6 +70,23 @@ def test_the_html_report_opens_offline_in_a_browser_with_every_table_and_figure(
             images = page.evaluate("""() => Array.from(document.images).map(
                 img => ({complete: img.complete, width: img.naturalWidth, height: img.naturalHeight}))""")
             headings = page.locator("h2").all_inner_texts()
+            # every word of every table cell on one line (a path may break after a '/', a command between words)
+            broken = page.evaluate("""() => {
+                const out = [];
+                for (const td of document.querySelectorAll("td")) {
+                    const walker = document.createTreeWalker(td, NodeFilter.SHOW_TEXT);
+                    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+                        for (const m of node.data.matchAll(/[^\\s\\/]+/g)) {
+                            const range = document.createRange();
+                            range.setStart(node, m.index);
+                            range.setEnd(node, m.index + m[0].length);
+                            const tops = new Set(Array.from(range.getClientRects()).map(r => Math.round(r.top)));
+                            if (tops.size > 1) out.push(m[0]);
+                        }
+                    }
+                }
+                return out;
+            }""")
             body = page.inner_text("body")
             shot = tmp_path / "report.png"
             page.screenshot(path=str(shot), full_page=True)
@@ -77,6 +94,7 @@ def test_the_html_report_opens_offline_in_a_browser_with_every_table_and_figure(
             browser.close()
 
     assert console_errors == [] and page_errors == [] and outside == []
+    assert broken == []
     # arithmetic and perplexity: a metrics table and a difference table each; the bench run; provenance
     assert tables == 6
     assert [h.split(" ")[0] for h in headings] == ["arithmetic", "perplexity", "bench", "provenance"]

@@ -177,11 +177,23 @@ def test_a_real_run_writes_the_schema(tmp_path):
 @pytest.mark.parametrize("name, args", [("default", []), ("by-model", ["--by-model"]), ("by-run", ["--by-run"]),
                                         ("against-rope-arithmetic", ["--against", "rope", "--task", "arithmetic"])])
 def test_compare_reads_old_records_exactly_as_the_old_posbench_did(name, args, capsys):
-    """``compare --format json`` over the schema-1 tree gives, byte for byte, what the posbench that wrote it
-    gave (``tests/fixtures/results-v1-compare``, made by that version with the tree's path as ``{TREE}``)."""
+    """``compare --format json`` over the schema-1 tree gives what the posbench that wrote it gave
+    (``tests/fixtures/results-v1-compare``, made by that version with the tree's path as ``{TREE}``): every row,
+    value, interval and difference. Two things follow compare's rules of today instead, which are tested in
+    test_compare: which cells are marked best (ties with the best are marked alike since issue 24) and the
+    notes under the tables."""
     from posbench.cli import main
 
     assert main(["compare", str(V1_TREE.resolve()), *args, "--format", "json"]) == 0
     got = capsys.readouterr().out.replace(str(V1_TREE.resolve()), "{TREE}")
     expected = (V1_TREE.parent / "results-v1-compare" / f"{name}.json").read_text()
-    assert json.loads(got) == json.loads(expected)
+    assert _without_rules(json.loads(got)) == _without_rules(json.loads(expected))
+
+
+def _without_rules(report: dict) -> dict:
+    for table in report["tables"]:
+        table.pop("notes")
+        for row in table["rows"]:
+            for cell in row["metrics"].values():
+                cell.pop("best")
+    return report

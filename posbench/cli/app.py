@@ -14,6 +14,7 @@ import typer
 
 from posbench.cli import bench, compare, export, extend, ls, run, score, sweep
 from posbench.cli.common import err, print_error
+from posbench.cli.registry_help import ExtendHelp, RunHelp
 
 app = typer.Typer(
     name="posbench", add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
@@ -25,9 +26,9 @@ app = typer.Typer(
          "  posbench sweep study.toml --jobs 2\n\n"
          "  posbench ls encodings")
 
-app.command("run", epilog=run.RUN_EPILOG)(run.run)
+app.command("run", epilog=run.RUN_EPILOG, cls=RunHelp)(run.run)
 app.command("ls", epilog=ls.LS_EPILOG)(ls.ls)
-app.command("extend", epilog=extend.EXTEND_EPILOG)(extend.extend)
+app.command("extend", epilog=extend.EXTEND_EPILOG, cls=ExtendHelp)(extend.extend)
 app.command("compare", epilog=compare.COMPARE_EPILOG)(compare.compare)
 app.command("score", epilog=score.SCORE_EPILOG)(score.score)
 app.command("bench", epilog=bench.BENCH_EPILOG)(bench.bench)

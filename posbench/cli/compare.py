@@ -25,6 +25,8 @@ COMPARE_EPILOG = """[bold]Examples[/bold]
 
   posbench compare results --plots figures --html report.html
 
+  posbench compare results --plots figures --html report.html --force      (replace what an earlier compare wrote)
+
   posbench compare results --by-model
 """
 
@@ -43,6 +45,8 @@ def compare(
     plots: Optional[Path] = typer.Option(None, "--plots", help="Write figures (PNG) to this directory."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write the whole report (tables, figures, every run's "
                                         "provenance) as one self-contained HTML file."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --html file and figures already in "
+                               "the --plots directory (without it, compare never overwrites a file)."),
 ) -> None:
     """One table per task: a row per encoding (runs that differ only in their seed pooled: mean ± 95% interval),
     the best of each column marked; paired differences (--against), figures, an HTML report."""
@@ -61,6 +65,9 @@ def compare(
             raise ResultError("--by-model makes one table of models; it does not combine with --by-run or --against")
         if not directory.exists():
             raise ResultError(f"results directory {directory} does not exist")
+        if html is not None and html.exists() and (html.is_dir() or not force):
+            raise ResultError(f"--html {html} is a directory" if html.is_dir() else
+                              f"--html {html} already exists; pass --force to replace it, or choose another file")
         result = rep.collect(directory, task, by_run=by_run, against=against, by_model=by_model)
         if not result.tables:
             where = f" for task '{task}'" if task else ""
@@ -71,6 +78,8 @@ def compare(
             names = sorted({r.encoding for t in result.tables for r in t.rows})
             raise ResultError(f"--against {against}: no {against} run under {directory}; encodings: "
                               f"{', '.join(names)}")
+        figures_from = rep.collect(directory, task, by_run=by_run) if by_model and (plots or html) else result
+        written = rep.plot(figures_from, plots, force=force) if plots is not None else []
         if fmt == "table":
             from posbench.report.terminal import render
 
@@ -82,10 +91,8 @@ def compare(
         else:
             sys.stdout.write(rep.render_text(result, fmt))
         show_problems(result.problems)
-        figures_from = rep.collect(directory, task, by_run=by_run) if by_model and (plots or html) else result
-        if plots is not None:
-            for path in rep.plot(figures_from, plots):
-                err().print(f"wrote {path}", markup=False)
+        for path in written:
+            err().print(f"wrote {path}", markup=False)
         if html is not None:
             from posbench.report.html import to_html
             from posbench.files import atomic_write_text

@@ -15,28 +15,35 @@ EXPORT_EPILOG = """[bold]Examples[/bold]
   posbench export results/arithmetic/tape/20250101-120000-ab12cd exported/tape
 
   posbench extend --model exported/rope --method lora --length 1024 --data stdlib
+
+  posbench export results/extend/llama+tape/20250101-120000-ab12cd exported/llama-tape    (TAPE kept: trust_remote_code)
 """
 
 
 def export(
     run_dir: Path = typer.Argument(..., help="A finished (or checkpointed) posbench run directory."),
-    out_dir: Path = typer.Argument(..., help="The new model directory (must not exist)."),
+    out_dir: Path = typer.Argument(..., help="The new model directory (new or empty)."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT_DIR when it already holds files (without it, "
+                               "export never overwrites)."),
 ) -> None:
     """Export a run's model and tokenizer as a Hugging Face model directory (RoPE: a plain Llama).
 
     AutoModelForCausalLM and AutoTokenizer.from_pretrained(OUT_DIR) load it. Any encoding but RoPE is posbench's
-    own model type (model_type 'posbench'): import posbench.hf.modeling first, or pass trust_remote_code=True."""
+    own model type (model_type 'posbench'): pass trust_remote_code=True. An extend run's model keeps its method:
+    LoRA folded into a plain Llama (yarn, ntk: transformers' rope parameters), TAPE as its own model type."""
     from rich.markup import escape
 
     with user_errors():
         from posbench.hf.export import export_run
 
-        meta = export_run(run_dir, out_dir)
+        meta = export_run(run_dir, out_dir, force=force)
     source = meta["source"]
     if meta["kind"] == "llama":
         how = "LlamaForCausalLM"
     else:
-        how = ("PosbenchForCausalLM: import posbench.hf.modeling before loading, or pass trust_remote_code=True "
-               "(posbench must be installed)")
+        from posbench.hf.tape_model import MODEL_TYPE
+
+        name = "TapeLlamaForCausalLM" if meta["kind"] == MODEL_TYPE else "PosbenchForCausalLM"
+        how = f"{name}: pass trust_remote_code=True (posbench must be installed)"
     out().print(f"[bold]export[/bold] {source['task']} / [bold]{source['encoding']}[/bold] "
                 f"({meta['tokenizer']['kind']} tokenizer) -> {escape(meta['path'])}  {escape(f'[{how}]')}")

@@ -1,4 +1,4 @@
-"""``posbench extend``: extend a pretrained Llama's context with TAPE, LoRA, LongLoRA or theta scaling."""
+"""``posbench extend``: extend a pretrained Llama's context with one of the registered methods (``posbench.hf.methods``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from posbench.cli.common import out, progress_reporter, resume_run, show_configs
 
 EXTEND_EPILOG = """[bold]Examples[/bold]
 
-  posbench extend --model meta-llama/Llama-2-7b-hf --method tape --length 8192 --data togethercomputer/RedPajama-Data-1T-Sample
+  posbench extend --model meta-llama/Llama-2-7b-hf --method tape --length 8192 --data togethercomputer/RedPajama-Data-1T-Sample --preset paper
 
-  posbench extend --model ./llama-2-7b --method lora --length 8192 --data ./redpajama --scale 2
+  posbench extend --model ./llama-2-7b --method lora --length 8192 --data ./redpajama --scale 2 --preset paper
 
   posbench extend --model ./tiny-llama --method longlora --length 256 --data stdlib --preset tiny
 
@@ -27,15 +27,16 @@ EXTEND_EPILOG = """[bold]Examples[/bold]
 def extend(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="A local Llama directory, or a hub name "
                                         "(when online)."),
-    method: Optional[str] = typer.Option(None, "--method", help="tape, lora, longlora or theta."),
+    # the help of --method and --preset lists what is registered (posbench.cli.registry_help.ExtendHelp)
+    method: Optional[str] = typer.Option(None, "--method", help="The extension method."),
     length: Optional[int] = typer.Option(None, "--length", "-l", help="The new context length in tokens (at least "
                                          "the model's own)."),
     data: Optional[str] = typer.Option(None, "--data", help="Training text: stdlib (built in), a .jsonl/.json/"
                                        ".parquet/.txt file or directory, or a hub name."),
-    scale: Optional[float] = typer.Option(None, "--scale", help="Linear position interpolation factor (default: "
-                                          "length / the model's context)."),
+    scale: Optional[float] = typer.Option(None, "--scale", help="Scale factor: positions divided by it (yarn, ntk: "
+                                          "their factor); default length / the model's context."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (overrides the preset)."),
-    preset: str = typer.Option("paper", "--preset", "-p", help="paper (the TAPE paper's recipe) or tiny (tests)."),
+    preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Preset ('posbench ls presets')."),
     seed: int = typer.Option(0, "--seed", help="Seed of the data order and the new parameters."),
     device: str = typer.Option("auto", "--device", help="auto (cuda, mps, cpu), cpu, cuda, cuda:N, mps."),
     out_dir: Path = typer.Option(Path("results"), "--out", "-o", help="Results root directory."),
@@ -48,7 +49,8 @@ def extend(
     dry_run: bool = typer.Option(False, "--dry-run", help="Resolve and print the configuration (JSON); run and "
                                  "write nothing."),
 ) -> None:
-    """Extend a Llama's context window and fine-tune it; writes results/extend/<model>+<method>/<run-id>/.
+    """Extend a Llama's context window (and fine-tune it, unless the method is training-free); writes
+    results/extend/<model>+<method>/<run-id>/.
     The same run as 'posbench run -t extend --init MODEL --encoding METHOD --set task.length=L'."""
     from posbench.errors import ConfigError
     from posbench.runs import runner

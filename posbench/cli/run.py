@@ -27,10 +27,11 @@ RUN_EPILOG = """[bold]Examples[/bold]
 
 
 def run(
+    # the help of --encoding, --task and --preset lists what is registered (posbench.cli.registry_help.RunHelp)
     encoding: Optional[str] = typer.Option(None, "--encoding", "-e",
                                            help="Encoding name, or several separated by commas (run in turn)."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name ('posbench ls tasks')."),
-    preset: Optional[str] = typer.Option(None, "--preset", "-p", help="tiny, small (default) or paper."),
+    preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Preset ('posbench ls presets')."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (overrides the preset)."),
     seed: Optional[str] = typer.Option(None, "--seed", help="Seed for Python, NumPy, torch and the training "
                                        "data (default 0); several separated by commas run each encoding under "

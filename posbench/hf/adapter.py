@@ -152,7 +152,7 @@ def load_pretrained(source: Any, config: Any, vocab_size: int) -> tuple[HFCausal
                           f"only {model.config.vocab_size}")
     meta = meta or {}
     hf_config = HFModelConfig(label=config.label, method=method.name if method else None,
-                              method_options=dict(method.options) if method else {},
+                              method_options=method.resolved_options(llama_of(model).config) if method else {},
                               base_model=meta.get("base_model", str(source.model_dir)), model_dir=str(source.model_dir),
                               scale=meta.get("scale"), length=meta.get("length", model.config.max_position_embeddings),
                               llama=describe(model.config))
@@ -178,7 +178,7 @@ def extended_model(model_dir: str, method: Any, scale: float, length: int, label
     attention = method.training_attention()
     if attention is not None:
         llama.set_attn_implementation(attention)
-    hf_config = HFModelConfig(label=label, method=method.name, method_options=dict(method.options),
+    hf_config = HFModelConfig(label=label, method=method.name, method_options=method.resolved_options(llama.config),
                               base_model=str(model_dir), scale=scale, length=length, llama=describe(llama.config))
     adapter = HFCausalLM(model, hf_config, method)
     adapter.base_parameters = base_parameters

@@ -1,5 +1,6 @@
 """``posbench export RUN_DIR OUT_DIR``: a run's trained model and tokenizer as a Hugging Face model directory,
-and the way back (``read_export`` / ``load_export``, for ``--init``).
+and the way back (``read_export`` / ``load_export``, for ``--init``). An ``extend`` run's model is exported by
+``posbench.hf.export_extended``.
 
 ``OUT_DIR`` holds::
 
@@ -14,16 +15,14 @@ and the way back (``read_export`` / ``load_export``, for ``--init``).
     posbench_export.json              written last: format, kind (llama | posbench), the source run, its
                                       ModelConfig and its tokenizer's description
 
-The directory is written as a temporary sibling and renamed when complete; an existing ``OUT_DIR`` is never
-overwritten. Loading needs ``transformers`` (and, for the posbench type, ``posbench``): either import
+The directory is written as a temporary sibling and renamed when complete; an existing ``OUT_DIR`` that holds
+anything is never overwritten (``--force`` replaces it whole). Loading needs ``transformers`` (and, for the posbench type, ``posbench``): either import
 ``posbench.hf.modeling`` first (it registers the classes with ``AutoConfig`` / ``AutoModelForCausalLM``) or pass
 ``trust_remote_code=True``.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posbench.errors import UserError
 from posbench.files import json_object
+from posbench.hf.export_dir import ExportError, building, check_target
 
 FORMAT = 1
 META_FILE = "posbench_export.json"
@@ -44,10 +43,6 @@ REMOTE_FILES = {
 }
 AUTO_MAP = {"AutoConfig": "configuration_posbench.PosbenchConfig",
             "AutoModelForCausalLM": "modeling_posbench.PosbenchForCausalLM"}
-
-
-class ExportError(UserError):
-    """A run that cannot be exported, or a directory that is not an export; ``str()`` is one line."""
 
 
 # ---- the run ---------------------------------------------------------------------------------------------------
@@ -65,6 +60,13 @@ class RunModel:
     weights: Path
 
 
+def run_task(run_dir: str | Path) -> str | None:
+    """The task of a run directory (its config.json), or None."""
+    stored = json_object(Path(run_dir) / "config.json")
+    config = stored.get("config") if isinstance(stored, dict) else None
+    return str(config["task"]) if isinstance(config, dict) and "task" in config else None
+
+
 def read_run(run_dir: str | Path) -> RunModel:
     """The trained model, its configuration and its tokenizer of a posbench run directory (one-line errors)."""
     from posbench.files import read_json
@@ -78,9 +80,6 @@ def read_run(run_dir: str | Path) -> RunModel:
     if not isinstance(config, dict) or "task" not in config:
         raise ExportError(f"{run_dir} is not a posbench run directory (its config.json has no run config)")
     task = str(config["task"])
-    if task == "extend":
-        raise ExportError(f"{run_dir} is an extend run: its model is already a Hugging Face directory "
-                          f"({run_dir / 'checkpoint' / 'model'})")
     found = checkpoint_path(run_dir / "checkpoint")
     if found is None:
         raise ExportError(f"{run_dir} has no checkpoint (checkpoint/{WEIGHTS}): nothing to export")
@@ -124,34 +123,30 @@ def run_tokenizer(run_dir: Path, task: str, config: dict[str, Any], result: dict
 
 # ---- writing ---------------------------------------------------------------------------------------------------
 
-def export_run(run_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
-    """Write ``run_dir``'s model and tokenizer to ``out_dir`` (which must not exist); returns the export's
-    description (``posbench_export.json``, plus ``path``)."""
+def export_run(run_dir: str | Path, out_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
+    """Write ``run_dir``'s model and tokenizer to ``out_dir`` (new, or an empty directory; one that holds
+    anything only with ``force``, and then replaced whole); returns the export's description
+    (``posbench_export.json``, plus ``path``)."""
     out_dir = Path(out_dir)
-    if out_dir.exists():
-        raise ExportError(f"{out_dir} already exists; export never overwrites (choose a new directory)")
+    if run_task(run_dir) == "extend":
+        from posbench.hf.export_extended import export_extended
+
+        return export_extended(Path(run_dir), out_dir, force=force)
+    check_target(out_dir, force)
     run = read_run(run_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with building(out_dir, force) as tmp:
         kind = _write_model(run, tmp)
         from posbench.hf.export_tokenizer import hf_tokenizer, spec_of
 
-        hf_tokenizer(run.tokenizer).save_pretrained(str(tmp))
+        tokenizer = hf_tokenizer(run.tokenizer)
+        tokenizer.model_max_length = int(run.model_config["max_seq_len"])     # the length trained at
+        tokenizer.save_pretrained(str(tmp))
         meta = {"format": FORMAT, "kind": kind, "model_config": run.model_config, "tokenizer": spec_of(run.tokenizer),
                 "source": {"run": str(run.run_dir), "run_id": run.run_dir.name, "task": run.task,
                            "encoding": run.encoding, "checkpoint_sha256": _sha256(run.weights)}}
         from posbench.files import atomic_write_json
 
         atomic_write_json(tmp / META_FILE, meta)
-        _usual_modes(tmp)
-        if out_dir.exists():
-            raise ExportError(f"{out_dir} appeared while exporting; export never overwrites")
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {**meta, "path": str(out_dir)}
 
 
@@ -289,15 +284,6 @@ def _load_safetensors(paths: list[Path]) -> dict[str, Tensor]:
             raise ExportError(f"cannot read {path} ({type(exc).__name__})") from None
     return state
 
-
-
-def _usual_modes(directory: Path) -> None:
-    """save_pretrained writes its weights 0600; give every file the mode the umask gives a new file."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in directory.iterdir():
-        if path.is_file():
-            os.chmod(path, 0o666 & ~umask)
 
 
 def _sha256(path: Path) -> str:

@@ -108,13 +108,29 @@ def load_llama(name_or_path: str | Path, *, dtype: torch.dtype | None = None, de
     """``LlamaForCausalLM.from_pretrained`` with posbench's checks; weights on ``device`` in ``dtype``."""
     from transformers import LlamaForCausalLM
 
-    config = load_config(name_or_path)
+    return _load(LlamaForCausalLM, load_config(name_or_path), name_or_path, dtype, device, attention)
+
+
+def load_tape_llama(directory: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+                    attention: str = "sdpa"):
+    """A saved TAPE-extended Llama (``posbench.hf.tape_model``), as ``load_llama`` loads a Llama."""
+    _quiet()
+    from posbench.hf.tape_model import TapeLlamaConfig, TapeLlamaForCausalLM
+
+    try:
+        config = TapeLlamaConfig.from_pretrained(str(directory))
+    except Exception as exc:  # noqa: BLE001 - missing or bad config: one line
+        raise HFModelError(f"cannot read the config of '{directory}' ({type(exc).__name__})") from None
+    return _load(TapeLlamaForCausalLM, config, directory, dtype, device, attention)
+
+
+def _load(cls, config, name_or_path: str | Path, dtype: torch.dtype | None, device: str | torch.device,
+          attention: str):
     dtype = dtype or default_dtype(device)
     name = str(Path(os.path.expanduser(str(name_or_path)))) if is_local(name_or_path) else str(name_or_path)
     try:
-        model = LlamaForCausalLM.from_pretrained(name, config=config, dtype=dtype,
-                                                 local_files_only=local_files_only(name_or_path),
-                                                 attn_implementation=attention)
+        model = cls.from_pretrained(name, config=config, dtype=dtype, local_files_only=local_files_only(name_or_path),
+                                    attn_implementation=attention)
     except HFModelError:
         raise
     except Exception as exc:  # noqa: BLE001 - missing or corrupt weights: one line
@@ -130,6 +146,7 @@ def load_tokenizer(name_or_path: str | Path):
     """The model's tokenizer as a posbench ``Tokenizer`` (``posbench.data.tokenizer.HFTokenizer``)."""
     from posbench.data.errors import DataError
     from posbench.data.tokenizer import HFTokenizer
+    from posbench.hf import tape_model  # noqa: F401  (its model type registered: AutoTokenizer reads config.json)
 
     _quiet()
     try:

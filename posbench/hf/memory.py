@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -179,7 +180,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lengths", default="512,1024,2048")
     parser.add_argument("--out", default=None, help="write the measurements and the estimate as JSON")
     parser.add_argument("--methods", default="lora,tape", help="measure these methods only")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)
+    if args.out and Path(args.out).exists() and not args.force:
+        parser.exit(2, f"error: --out {args.out} already exists; pass --force to replace it\n")
     if args.child:
         print(json.dumps(_child(json.loads(args.child))))
         return

@@ -18,8 +18,9 @@ Two more change the rotary embedding in another way (``--scale`` is their factor
   ``sqrt(1/t) = 0.1 ln(scale) + 1``, as transformers' ``rope_type="yarn"`` computes them; trained as ``lora``
   (the same trainable set, so that only the rotary embedding differs; the YaRN paper fine-tunes every weight).
 * ``ntk``: dynamic NTK-aware scaling (transformers' ``rope_type="dynamic"``, ``factor`` = ``--scale``) instead
-  of the interpolation, with no training at all: nothing is trainable and ``--steps`` must be 0
-  (:meth:`Method.check_steps`). The RoPE base grows with the sequence length (``posbench.hf.rope``).
+  of the interpolation, with no training at all: nothing is trainable and the run takes 0 steps (its
+  configuration starts from 0; a ``--steps`` above 0 is refused, :meth:`Method.check_steps`). The RoPE base
+  grows with the sequence length (``posbench.hf.rope``).
 
 "Embeddings and norms" follows LongLoRA's ``trainable_params="embed,norm"``: ``model.embed_tokens``, every
 RMSNorm, not ``lm_head``. A method's options are ``--set method.KEY=VALUE``. Each method states its
@@ -55,7 +56,7 @@ class Method:
     description: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
     limits: ClassVar[dict[str, Any]] = {}
-    #: False for a training-free method (``--steps`` must be 0)
+    #: False for a training-free method (its runs take 0 steps; ``--steps`` above 0 is refused)
     trains: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -77,6 +78,11 @@ class Method:
     def check_options(cls, options: dict[str, Any]) -> None:
         """Constraints between options (each one's own range is in ``limits``); raise ConfigError."""
 
+    def resolved_options(self, config) -> dict[str, Any]:
+        """The options as the model built from ``config`` uses them (a 0 that means "derived" replaced by the
+        derived value); what a result records as the model's."""
+        return dict(self.options)
+
     # ---- the conversion -------------------------------------------------------------------------------
     def rope_parameters(self, config, scale: float) -> dict[str, Any]:
         return scaled_rope_parameters(config, scale)
@@ -95,8 +101,8 @@ class Method:
     def check_steps(self, steps: int) -> None:
         """Refuse training steps a training-free method cannot take (one-line error)."""
         if not self.trains and steps > 0:
-            raise ConfigError(f"method '{self.name}' trains nothing ({self.description}): pass --steps 0 "
-                              f"(it is still evaluated at --length and saved)")
+            raise ConfigError(f"method '{self.name}' trains nothing ({self.description}): leave --steps out "
+                              f"(it takes 0 steps; it is still evaluated at --length and saved)")
 
     def is_method_parameter(self, name: str) -> bool:
         raise NotImplementedError
@@ -123,9 +129,22 @@ class Method:
         """Convert a reloaded Llama and load the method's tensors; returns the model."""
         raise NotImplementedError
 
+    def load_model(self, directory: Path, **how: Any) -> nn.Module:
+        """The saved model in ``directory`` (``how``: dtype, device, attention, as ``load_llama`` takes them):
+        the Llama with the method's tensors loaded."""
+        from posbench.hf.loading import load_llama
+
+        return self.load(load_llama(directory, **how), Path(directory))
+
     def base_state_dict(self, model) -> dict[str, torch.Tensor]:
         """The Llama's own tensors under their original names (without the method's)."""
         raise NotImplementedError
+
+    def merged(self, model) -> nn.Module | None:
+        """The model as a plain ``LlamaForCausalLM`` computing the same function with an adapter folded into the
+        weights, or None when there is nothing to fold (the model is saved as the method saves it: TAPE's own
+        model type, ntk's Llama whose rope_parameters are the whole method)."""
+        return None
 
     # ---- counts ---------------------------------------------------------------------------------------
     def added_formula(self, config) -> int:
@@ -174,6 +193,9 @@ class TapeMethod(Method):
     def position_size(self, config) -> int:
         return self.options["position_size"] or 4 * config.num_attention_heads
 
+    def resolved_options(self, config) -> dict[str, Any]:
+        return {**self.options, "position_size": self.position_size(config)}
+
     def added_formula(self, config) -> int:
         """L x (d x I + 2 x H x I + H x H) (row-sum gate; H for the scalar gate): the reference's formula."""
         d, h, i = config.hidden_size, config.num_attention_heads, self.position_size(config)
@@ -185,17 +207,25 @@ class TapeMethod(Method):
         return self.added_formula(config) * (config.num_hidden_layers - 1) // config.num_hidden_layers
 
     def base_state_dict(self, model):
-        return {k: v for k, v in model.state_dict().items() if not self.is_method_parameter(k)}
+        """Every tensor, the TAPE ones with the Llama's: saved as one model (``posbench.hf.tape_model``)."""
+        return dict(model.state_dict())
 
     def save(self, model, directory: Path) -> list[str]:
-        from safetensors.torch import save_file
+        """The saved state becomes a ``TapeLlamaForCausalLM``: config.json of its type (which transformers loads
+        only with posbench's code, never as a plain Llama without TAPE) and its remote-code files."""
+        from posbench.hf.rope import llama_of
+        from posbench.hf.tape_model import write_tape_files
 
-        from posbench.files import atomic_save
+        config = llama_of(model).config
+        return write_tape_files(config, self.resolved_options(config), directory)
 
-        tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-                   if self.is_method_parameter(k)}
-        atomic_save(directory / TAPE_FILE, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
-        return [TAPE_FILE]
+    def load_model(self, directory: Path, **how: Any):
+        from posbench.hf.loading import load_tape_llama, read_config_json
+        from posbench.hf.tape_model import MODEL_TYPE
+
+        if (read_config_json(Path(directory)) or {}).get("model_type") == MODEL_TYPE:
+            return load_tape_llama(directory, **how)
+        return super().load_model(directory, **how)          # saved before the TAPE model type: tape.safetensors
 
     def load(self, model, directory: Path):
         from safetensors.torch import load_file
@@ -216,7 +246,7 @@ class TapeMethod(Method):
         return model
 
 
-TAPE_FILE = "tape.safetensors"
+TAPE_FILE = "tape.safetensors"          # how TAPE's tensors were saved before the TAPE model type
 
 
 # ---- LoRA and its variants ---------------------------------------------------------------------------------
@@ -254,6 +284,13 @@ class LoraMethod(Method):
     def base_state_dict(self, model):
         llama = llama_of(model)
         return {k.replace(".base_layer.", "."): v for k, v in llama.state_dict().items() if ".lora_" not in k}
+
+    def merged(self, model):
+        """W + (alpha / r) B A in every adapted projection (peft's ``merge_and_unload``), on a copy."""
+        import copy
+
+        with quiet_deprecations():
+            return copy.deepcopy(model).merge_and_unload()
 
     def save(self, model, directory: Path) -> list[str]:
         model.save_pretrained(str(directory / self.ADAPTER_DIR))

@@ -15,7 +15,8 @@
   at b'^(-2d/D); at l <= L the table is RoPE's own. With s = 1 this is the YaRN paper's Dynamic NTK
   (scale l / L); a larger s scales harder. transformers measures l from the position ids of each forward pass
   and takes L = ``max_position_embeddings``, so for ``dynamic`` :func:`set_rope` keeps the original context
-  there. The base depends on the sequence, so a KV cache written at one length and read at another mixes
+  there and writes the extended length as ``n_positions`` (what lm-evaluation-harness reads first). The base
+  depends on the sequence, so a KV cache written at one length and read at another mixes
   tables (transformers' behaviour; recomputing without a cache does not).
 
 Each is written into the model's ``config.rope_parameters`` (the transformers v5 field) and the model's rotary
@@ -83,19 +84,25 @@ def dynamic_ntk_rope_parameters(config, scale: float) -> dict[str, Any]:
 
 
 def set_rope(model, rope_parameters: dict[str, Any], max_positions: int) -> None:
-    """Write the RoPE parameters and the new context length into ``model.config`` and rebuild its rotary table.
-
-    ``rope_type="dynamic"`` keeps the model's original ``max_position_embeddings``: transformers scales from
-    there on (the context has no fixed end)."""
+    """Write the RoPE parameters and the new context length into ``model.config`` and rebuild its rotary table."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     base = llama_of(model)
     config = base.config
     config.rope_parameters = dict(rope_parameters)
-    if rope_parameters.get("rope_type") != "dynamic":
-        config.max_position_embeddings = int(max_positions)
+    set_context(config, max_positions)
     device = base.model.embed_tokens.weight.device
     base.model.rotary_emb = LlamaRotaryEmbedding(config).to(device)
+
+
+def set_context(config, length: int) -> None:
+    """The context length the model was extended to, where tools read it: ``max_position_embeddings``; but
+    ``rope_type="dynamic"`` keeps the original there (transformers scales from it, and the context has no fixed
+    end), so the length goes to ``n_positions``, which lm-evaluation-harness reads first."""
+    if config.rope_parameters.get("rope_type") == "dynamic":
+        config.n_positions = int(length)
+    else:
+        config.max_position_embeddings = int(length)
 
 
 def llama_of(model):

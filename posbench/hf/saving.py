@@ -7,13 +7,17 @@ rebuild the method::
                                      embeddings and norms, rope_parameters with the interpolation (and theta),
                                      max_position_embeddings = the new length
     tokenizer files                  the base model's tokenizer (save_pretrained)
-    tape.safetensors                 tape: every layer's TAPE tensors (model.layers.<i>.tape.*)
-    adapter/                         lora, longlora, theta: the peft adapter (adapter_config.json and weights;
-                                     PeftModel.from_pretrained reads it)
+                                     tape: a TAPE-extended Llama of its own type (``posbench.hf.tape_model``:
+                                     model_type posbench_tape_llama, TAPE's tensors model.layers.<i>.tape.* in
+                                     model.safetensors, two remote-code files), which transformers loads only
+                                     with posbench's code (earlier posbench: a Llama plus tape.safetensors)
+    adapter/                         lora, longlora, theta, yarn: the peft adapter (adapter_config.json and
+                                     weights; PeftModel.from_pretrained reads it)
     posbench_extend.json             method, its options, scale, length, base model; written last
 
 The directory is written as ``<name>.tmp`` and renamed when complete, so a kill leaves no half model.
-A directory without ``posbench_extend.json`` is loaded as a plain Llama.
+A directory without ``posbench_extend.json``, or whose description names no method (an export whose LoRA was
+merged into the weights, ``posbench.hf.export_extended``), is loaded as a plain Llama.
 """
 
 from __future__ import annotations
@@ -47,17 +51,23 @@ def save_extended(model, method: Method, directory: Path, meta: dict[str, Any], 
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    llama = llama_of(model)
-    state = {k: v.detach() for k, v in method.base_state_dict(model).items()}
-    llama.save_pretrained(str(tmp), state_dict=state)
-    files = method.save(model, tmp)
-    if tokenizer is not None:
-        tokenizer.hf.save_pretrained(str(tmp))
-    atomic_write_json(tmp / META_FILE, {"format": FORMAT, **meta, "method": method.name,
-                                        "method_options": dict(method.options), "files": files,
-                                        "llama": describe(llama.config)})
+    write_extended(model, method, tmp, meta, tokenizer)
     os.replace(tmp, directory)
     return directory
+
+
+def write_extended(model, method: Method | None, directory: Path, meta: dict[str, Any], tokenizer=None) -> None:
+    """The files of an extended model in ``directory`` (an empty one): the Llama (``method`` None: as it is,
+    a method folded into its weights), the method's own files, the tokenizer, the description last."""
+    llama = llama_of(model)
+    state = {k: v.detach() for k, v in (method.base_state_dict(model) if method else llama.state_dict()).items()}
+    llama.save_pretrained(str(directory), state_dict=state)
+    files = method.save(model, directory) if method else []
+    if tokenizer is not None:
+        tokenizer.hf.save_pretrained(str(directory))
+    atomic_write_json(directory / META_FILE, {"format": FORMAT, **meta, "method": method.name if method else None,
+                                              "method_options": dict(method.options) if method else {},
+                                              "files": files, "llama": describe(llama.config)})
 
 
 def read_meta(directory: Path) -> dict[str, Any] | None:
@@ -77,11 +87,12 @@ def load_extended(directory: Path, *, dtype: torch.dtype | None = None, device: 
     ``trainable``: the method's parameters, embeddings and norms require gradients (to train on); otherwise
     nothing does (evaluation)."""
     meta = read_meta(directory)
-    model = load_llama(directory, dtype=dtype, device=device, attention=attention)
     method = None
-    if meta is not None:
+    if meta is not None and meta["method"] is not None:
         method = make_method(meta["method"], meta.get("method_options") or {})
-        model = method.load(model, Path(directory))
+        model = method.load_model(Path(directory), dtype=dtype, device=device, attention=attention)
+    else:
+        model = load_llama(directory, dtype=dtype, device=device, attention=attention)
     if trainable and method is not None:
         method.mark_trainable(model)
     elif not trainable:

@@ -11,6 +11,7 @@ lines of code (a few hundred tokens; lossless on any text), wrapped as a ``PreTr
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 SPECIALS = ("<s>", "</s>", "<pad>")
@@ -76,7 +77,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kv-heads", type=int, default=None)
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--max-positions", type=int, default=64)
+    parser.add_argument("--force", action="store_true", help="replace DIR when it already holds files")
     args = parser.parse_args(argv)
+    target = Path(args.directory)
+    if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not args.force)):
+        print(f"error: {target} already exists{'' if target.is_dir() else ' and is not a directory'}; "
+              f"{'pass --force to replace it, or ' if target.is_dir() else ''}choose a new directory",
+              file=sys.stderr)
+        raise SystemExit(2)
+    if target.is_dir() and args.force:
+        import shutil
+
+        shutil.rmtree(target)
     path = save_tiny_llama(args.directory, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
                            hidden_size=args.hidden, max_positions=args.max_positions)
     print(path)

@@ -95,20 +95,6 @@ def config_dict(config: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dict(config), default=str))
 
 
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"lr": 1e-3}}`` -> ``{"train.lr": 1e-3}``; lists and None become JSON text."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, name + "."))
-        elif isinstance(value, (bool, int, float, str)):
-            out[name] = value
-        else:
-            out[name] = json.dumps(value, default=str)
-    return out
-
-
 def present(values: Mapping[str, Any]) -> dict[str, float]:
     """The entries whose value is a number (``None`` and the rest left out)."""
     return {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

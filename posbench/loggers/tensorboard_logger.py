@@ -1,26 +1,46 @@
-"""``--log tensorboard``: event files under ``RUN_DIR/tensorboard/`` through PyTorch's ``SummaryWriter``
-(needs the ``tensorboard`` package: ``pip install 'posbench[tensorboard]'``, which also gives the viewer,
-``tensorboard --logdir results/``).
+"""``--log tensorboard``: event files in ``RUN_DIR/tensorboard/`` through PyTorch's ``SummaryWriter`` (needs
+the ``tensorboard`` package: ``pip install 'posbench[tensorboard]'``, which also gives the viewer,
+``tensorboard --logdir results/``). Everything is in that one logdir, so ``tensorboard --logdir RUN_DIR/tensorboard``
+shows the whole run:
 
-* ``tensorboard/<phase>/`` (``tensorboard/train`` for one-phase tasks): one scalar per name and step
-  (``loss``, ``lr``, ``grad_norm``, ``tokens_per_s``, extras).
-* ``tensorboard/``: the resolved configuration as text (``config``) when the logger starts; at the end the
-  flattened configuration as hyperparameters (HParams dashboard) with the final metrics as its metrics, also
-  written as scalars ``final/<name>`` at the last logged step.
+* ``<phase>/<name>`` (``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/tokens_per_s``, extras): one
+  scalar per optimizer step of each training phase. The steps run on across phases (a task that trains in
+  several phases, SCROLLS, starts each one after the last step of the one before; ``steps.json`` in the logdir
+  keeps where each phase starts), so that one axis holds the whole run;
+* ``config``: the resolved configuration as text, when the logger starts;
+* at the end the settings as hyperparameters (HParams dashboard), named as ``posbench.results.frame`` names
+  its columns (``task``, ``encoding``, ``seed``, ``preset``, ``init``, ``model.*``, ``encoding.*``, ``train.*``,
+  ``task.*``), with the final metrics as its metrics, also written as scalars ``final/<name>`` at the last
+  logged step.
 
-Resume: a phase's writer is opened at the phase's first logged step; when its directory already holds event
-files it is opened with ``purge_step`` = that step, and TensorBoard hides that phase's earlier events at that
-step or later (one directory per phase, so a purge never touches another phase).
+Resume: the resumed run's writer opens a new event file with ``purge_step`` = the step it continues from, so
+TensorBoard hides what the killed run logged from that step on (of every tag: the earlier phases lie before it
+on the common axis) and shows the resumed run's values there instead.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Any
 
-from posbench.loggers.base import ExperimentLogger, LoggerError, flatten, present, safe_id
+from posbench.cells import PREFIXES, cell
+from posbench.files import atomic_write_json, json_object
+from posbench.loggers.base import ExperimentLogger, LoggerError, present
 
 DIR = "tensorboard"
+STEPS_FILE = "steps.json"
+
+
+def frame_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A run configuration (``RunConfig.to_dict()``) as the frame's columns: the run's identity (``encoding`` is
+    the row name, its label) and every setting as ``section.key``, lists as text (``posbench.cells.cell``)."""
+    out = {"task": config.get("task"), "encoding": config.get("label") or config.get("encoding"),
+           "seed": config.get("seed"), "preset": config.get("preset"), "init": config.get("init")}
+    for section, prefix in PREFIXES.items():
+        for key, value in (config.get(section) or {}).items():
+            out[f"{prefix}.{key}"] = cell(value)
+    return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in out.items()}
 
 
 class TensorBoardLogger(ExperimentLogger):
@@ -38,38 +58,49 @@ class TensorBoardLogger(ExperimentLogger):
                               f"pip install 'posbench[tensorboard]'") from None
         self._writer_cls = SummaryWriter
         self.root = self.run_dir / DIR
-        self.writer = SummaryWriter(log_dir=str(self.root))
-        self.writer.add_text("config", "```json\n" + json.dumps(self.config, indent=2, sort_keys=True) + "\n```")
-        self.writer.flush()
-        self.phases: dict = {}
-        self.last_step = 0
+        self.steps_file = self.root / STEPS_FILE
+        kept = json_object(self.steps_file) or {}
+        self.starts: dict[str, int] = dict(kept.get("starts") or {})
+        self.resumed = bool(self.starts)
+        self.writer = None
+        self.last_step = int(kept.get("last") or 0)
+        if not self.resumed:
+            self._open(None).add_text("config", "```json\n" + json.dumps(self.config, indent=2, sort_keys=True)
+                                      + "\n```")
+            self.writer.flush()
 
-    def _phase_writer(self, phase: str, step: int):
-        if phase not in self.phases:
-            path = self.root / safe_id(phase)
-            resumed = path.is_dir() and any(p.name.startswith("events.out.tfevents") for p in path.iterdir())
-            self.phases[phase] = self._writer_cls(log_dir=str(path), purge_step=step if resumed else None)
-        return self.phases[phase]
+    def _open(self, purge_step: int | None):
+        if self.writer is None:
+            self.writer = self._writer_cls(log_dir=str(self.root), purge_step=purge_step)
+        return self.writer
+
+    def _global_step(self, phase: str, step: int) -> int:
+        """The phase's step on the run's axis (a new phase starts after the last step logged so far)."""
+        if phase not in self.starts:
+            self.starts[phase] = self.last_step
+        return self.starts[phase] + int(step)
 
     def log_step(self, step: int, scalars: Mapping[str, float | None], *, phase: str = "train") -> None:
-        writer = self._phase_writer(phase, int(step))
+        at = self._global_step(phase, step)
+        writer = self._open(at if self.resumed else None)
         for name, value in present(scalars).items():
-            writer.add_scalar(name, value, int(step))
+            writer.add_scalar(f"{phase}/{name}", value, at)
         writer.flush()
-        self.last_step = max(self.last_step, int(step))
+        self.last_step = at
+        atomic_write_json(self.steps_file, {"starts": self.starts, "last": self.last_step})
 
     def finish(self, metrics: Mapping[str, float | None]) -> None:
         from torch.utils.tensorboard.summary import hparams
 
+        writer = self._open(None)
         final = {f"final/{k}": v for k, v in present(metrics).items()}
-        exp, ssi, sei = hparams(flatten(self.config), final)
+        exp, ssi, sei = hparams(frame_settings(self.config), final)
         for summary in (exp, ssi, sei):
-            self.writer.file_writer.add_summary(summary)
+            writer.file_writer.add_summary(summary)
         for name, value in final.items():
-            self.writer.add_scalar(name, value, self.last_step)
+            writer.add_scalar(name, value, self.last_step)
         self.close()
 
     def close(self) -> None:
-        for writer in [*self.phases.values(), self.writer]:
-            writer.close()
-        self.phases = {}
+        if self.writer is not None:
+            self.writer.close()

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from posbench.report.model import Cell, Row, TaskTable, num
-from posbench.report.tables import mark_best, run_id
+from posbench.report.best import mark_best
+from posbench.report.tables import run_id
 from posbench.runs.record import RunRecord
 
 # (key in a bench cell, column suffix, header, higher is better, scale)

@@ -5,6 +5,9 @@
   (perplexity against length) as one curve per row, the mean over seeds with its 95% interval shaded (with
   one seed: the curve alone), the training length marked.
 * ``<task>_loss.png``: the training loss of every row on one plot (mean over seeds, 95% interval shaded).
+
+Every shaded interval is cut to the values the quantity can take (a loss never below zero, an accuracy in %
+within 0-100).
 * ``bench_<mode>_<run-id>.png``: a ``posbench bench`` run's time per step (or token) as bars per length and
   encoding, and its peak memory; a cell that ran out of memory is marked OOM.
 """
@@ -65,18 +68,29 @@ def table_figures(table: TaskTable) -> Iterator[tuple[str, Any]]:
         yield f"{_safe(table.task)}_loss", fig
 
 
-def plot(report: Report, out_dir: Path | str) -> list[Path]:
-    """Write every figure as PNG into ``out_dir``; returns the files written."""
+def plot(report: Report, out_dir: Path | str, *, force: bool = False) -> list[Path]:
+    """Write every figure as PNG into ``out_dir``; returns the files written. A file already there is a one-line
+    error before anything is written, unless ``force`` (then it is replaced)."""
+    from posbench.files import atomic_save
+    from posbench.runs.record import ResultError
+
     plt = pyplot()
     out_dir = Path(out_dir)
+    made = [(out_dir / f"{stem}.png", fig) for stem, fig in figures(report)]
+    taken = [path for path, _ in made if path.exists()]
+    if (taken and not force) or (out_dir.exists() and not out_dir.is_dir()):
+        for _, fig in made:
+            plt.close(fig)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise ResultError(f"--plots {out_dir} is a file, not a directory")
+        raise ResultError(f"--plots {out_dir}: {len(taken)} figure(s) would replace files already there "
+                          f"({', '.join(p.name for p in taken[:3])}{', ...' if len(taken) > 3 else ''}); pass --force "
+                          f"to replace them, or choose another directory")
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for stem, fig in figures(report):
-        path = out_dir / f"{stem}.png"
-        fig.savefig(path, dpi=DPI)
+    for path, fig in made:
+        atomic_save(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=DPI, format="png"))
         plt.close(fig)
-        written.append(path)
-    return written
+    return [path for path, _ in made]
 
 
 def png_bytes(fig) -> bytes:
@@ -188,8 +202,11 @@ def _ticks(ax, values: list[Any], which: str) -> None:
         ax.set_yticks(positions, labels, fontsize=7)
 
 
-def _band(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Mean of the arrays and, with 2 or more, the 95% Student-t interval at every point."""
+def _band(arrays: list[np.ndarray], bounds: tuple[float, float] = (-np.inf, np.inf)
+          ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Mean of the arrays and, with 2 or more, the 95% Student-t interval at every point, cut to ``bounds``
+    (the values the quantity can take: a loss or a perplexity is never below 0, an accuracy in % never above
+    100; with 2 seeds t = 12.71 makes the interval wider than that)."""
     mean = _mean(arrays)
     if len(arrays) < 2:
         return mean, None, None
@@ -199,7 +216,16 @@ def _band(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None, np.n
         interval = seed_interval([float(v) for v in stack[:, i] if np.isfinite(v)])
         if interval is not None and interval.half_width is not None:
             low[i], high[i] = interval.low, interval.high
-    return mean, low, high
+    return mean, np.clip(low, *bounds), np.clip(high, *bounds)
+
+
+def value_bounds(grid: dict[str, Any], arrays: list[np.ndarray]) -> tuple[float, float]:
+    """What a grid's values can be: [0, 100] for a percentage, [0, inf) when every value is >= 0 (perplexity,
+    accuracy, a score), else unbounded."""
+    if (grid.get("meta") or {}).get("unit") == "%":
+        return 0.0, 100.0
+    finite = np.concatenate([a[np.isfinite(a)] for a in arrays]) if arrays else np.array([])
+    return (0.0, np.inf) if finite.size and finite.min() >= 0 else (-np.inf, np.inf)
 
 
 def curves(task: str, name: str, items) -> Any:
@@ -208,7 +234,7 @@ def curves(task: str, name: str, items) -> Any:
     axis = items[0][1]["axes"][0]
     for row, grid, arrs in items:
         xs = grid["axes"][0]["values"]
-        mean, low, high = _band(arrs)
+        mean, low, high = _band(arrs, value_bounds(grid, arrs))
         (line,) = ax.plot(xs, mean, marker="o", label=row.label + (f" ({len(arrs)} seeds)" if len(arrs) > 1 else ""))
         if low is not None:
             ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
@@ -251,7 +277,7 @@ def loss_curves(table: TaskTable) -> Any | None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
     for row, steps, arrays in series:
-        mean, low, high = _band(arrays)
+        mean, low, high = _band(arrays, (0.0, np.inf))          # a cross-entropy is never below zero
         (line,) = ax.plot(steps, mean, label=row.label + (f" ({len(arrays)} seeds)" if len(arrays) > 1 else ""))
         if low is not None:
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)

@@ -32,7 +32,8 @@ td.best { font-weight: 700; color: #126b2a; }
 p.note { color: #555; font-size: 0.85rem; margin: 0.2rem 0; }
 figure { margin: 1rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: 0.8rem; color: #555; }
-table.provenance td { white-space: normal; max-width: 28rem; overflow-wrap: anywhere; font-size: 0.78rem; }
+table.provenance td { font-size: 0.78rem; }
+td.wrap { white-space: normal; min-width: 14rem; max-width: 28rem; overflow-wrap: break-word; }
 """
 
 
@@ -40,10 +41,17 @@ def _e(text: Any) -> str:
     return html.escape("" if text is None else str(text))
 
 
+def _cell(text: Any, cls: str) -> str:
+    """A table cell. Cells never break inside a word; a ``wrap`` cell (a command, a path) breaks between words
+    and after each ``/``."""
+    shown = _e(text).replace("/", "/<wbr>") if "wrap" in cls.split() else _e(text)
+    return f'<td class="{cls}">{shown}</td>'
+
+
 def _table(headers: list[str], rows: list[list[tuple[str, str]]], cls: str = "") -> str:
     """``rows``: lists of (text, css class)."""
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f'<td class="{c}">{_e(t)}</td>' for t, c in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(_cell(t, c) for t, c in row) + "</tr>" for row in rows)
     return f'<div class="scroll"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
@@ -96,8 +104,8 @@ def provenance_rows(report: Report) -> list[list[tuple[str, str]]]:
                 device = str(run.bench.get("device_name") or device)
             seed = run.seed if run.seed is not None else "-"
             rows.append([(run.task, ""), (run.encoding, ""), (seed, "num"), (run.run_id, ""),
-                         (_command(run), ""), (commit, ""), (device, ""), (env.get("precision", "-"), ""),
-                         (env.get("torch", "-"), ""), (run.finished or "-", ""), (str(run.path), "")])
+                         (_command(run), "wrap"), (commit, ""), (device, ""), (env.get("precision", "-"), ""),
+                         (env.get("torch", "-"), ""), (run.finished or "-", ""), (str(run.path), "wrap")])
     return rows
 
 

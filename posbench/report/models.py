@@ -1,7 +1,9 @@
 """``compare --by-model``: one row per evaluated model, the metrics of every task as columns.
 
 A run that starts from another run (``--init``, recorded as ``result["init"]["run"]``) evaluates that run's
-model, so it goes to that run's row; a run that starts from nothing is a model of its own. The row is named
+model, so it goes to that run's row; a run that starts from nothing is a model of its own, and so is a run that
+makes a new model from the one it started from (its label differs from that model's: ``extend --method tape``
+on a ``llama`` is ``llama+tape``, a row of its own keyed by the base model and the method). The row is named
 after the model's run: its ``label`` when it records one (an extended pretrained model, e.g.
 ``llama+lora``), else its encoding; a model with no readable run of its own (a pretrained model's directory)
 takes the label its evaluation runs recorded (``init.label``). Columns are ``task:metric``. A model's own run
@@ -18,7 +20,8 @@ from typing import Any
 
 from posbench.report import grouping
 from posbench.report.model import Row, TaskTable
-from posbench.report.tables import mark_best, metric_cell, metric_columns, run_id
+from posbench.report.best import RULE, mark_best
+from posbench.report.tables import metric_cell, metric_columns, run_id
 from posbench.runs.record import RunRecord
 
 
@@ -27,12 +30,20 @@ def _where(path: Any) -> str:
     return str(p.resolve()) if p.exists() else str(p)
 
 
+def makes_model(run: RunRecord) -> bool:
+    """The run's model is its own: it started from nothing, or it made a new model (an extension) from the one it
+    started from, which its label tells apart from that model's."""
+    if not run.init_given:
+        return True
+    started_from = (run.init or {}).get("label")
+    return bool(started_from) and str(run.config.label or run.encoding) != str(started_from)
+
+
 def model_of(run: RunRecord) -> tuple[str, RunRecord | None]:
     """(the model's identity, the model's own run when readable)."""
-    init = run.init_given
-    if not init:
+    if makes_model(run):
         return _where(run.path), run
-    return _where(init), grouping.init_result(run)
+    return _where(run.init_given), grouping.init_result(run)
 
 
 def model_label(model_run: RunRecord | None, identity: str, evaluations: list[RunRecord] = ()) -> str:
@@ -55,13 +66,13 @@ def _task_variants(runs: list[RunRecord]) -> dict[str, list[str]]:
 
 def models_table(runs: list[RunRecord]) -> TaskTable:
     runs = [r for r in runs if r.bench is None]
-    variants = _task_variants([r for r in runs if r.init_given])
+    variants = _task_variants([r for r in runs if not makes_model(r)])
     models: dict[str, dict[str, Any]] = {}
     for run in runs:
         identity, own = model_of(run)
         entry = models.setdefault(identity, {"run": own, "by_column": {}})
         entry["run"] = entry["run"] or own
-        fps = variants.get(str(run.task), []) if run.init_given else []
+        fps = variants.get(str(run.task), []) if not makes_model(run) else []
         prefix = str(run.task) + (f"#{fps.index(grouping.fingerprint(run, with_init=False)) + 1}" if len(fps) > 1 else "")
         entry["by_column"].setdefault(prefix, []).append(run)
     # tasks whose runs are themselves models (pretrain) first, then the others by name
@@ -92,18 +103,20 @@ def models_table(runs: list[RunRecord]) -> TaskTable:
         encoding = str(m["run"].encoding) if m["run"] is not None else label
         rows.append(Row(label, encoding, run_id(m["run"]) if m["run"] else identity, identity, None, cells, None,
                         all_runs))
-    mark_best(rows, columns, hib)
+    tested = mark_best(rows, columns, hib)
     rows.sort(key=lambda r: r.label)
-    notes = ["one row per model: runs that start from another run (--init) are in that run's row; a row's runs "
-             "of one task are averaged"]
+    notes = ["one row per model: runs that evaluate another run's model (--init) are in that run's row, an "
+             "extension (extend) is a model of its own; a row's runs of one task are averaged"]
     for task, fps in variants.items():
         if len(fps) > 1:
-            task_runs = [[r for r in runs if str(r.task) == task and r.init_given
+            task_runs = [[r for r in runs if str(r.task) == task and not makes_model(r)
                           and grouping.fingerprint(r, with_init=False) == fp][:1] for fp in fps]
             apart, _ = grouping.distinguishing(task_runs)
             for i, a in enumerate(apart):
                 shown = [f"{k}={grouping.show(v)}" for k, v in a.items()
                          if not k.startswith("encoding.") and k != "init"]
                 notes.append(f"{task}#{i + 1}: {', '.join(shown)}")
+    if tested:
+        notes.append(RULE)
     return TaskTable("models", None, columns, hib, rows, runs, title="models (every task's metrics)",
                      grouped=True, notes=notes, kind="models", row_header="model")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from posbench.report import grouping
+from posbench.report.best import RULE, mark_best
 from posbench.report.model import Cell, Row, TaskTable, num
 from posbench.runs.record import RunRecord
 from posbench.stats import seed_interval
@@ -27,7 +28,8 @@ def build_table(task: str, runs: list[RunRecord], *, by_run: bool = False) -> Ta
                          "is equal")
         if repeated:
             notes.append(f"{repeated} repeated run(s) of a seed left out (the newest is kept; --by-run lists all)")
-    mark_best(rows, columns, hib)
+    if mark_best(rows, columns, hib):
+        notes.append(RULE)
     sort_rows(rows, primary, hib)
     table = TaskTable(task, primary, columns, hib, rows, runs, grouped=not by_run, notes=notes)
     if table.multi_seed:
@@ -96,16 +98,6 @@ def group_row(group: list[RunRecord], columns: list[str], label: str, apart: dic
     return Row(label, str(first.encoding), ", ".join(run_id(r) for r in group), str(first.path),
                seeds[0] if len(group) == 1 else seeds, {c: metric_cell(group, c) for c in columns},
                _train_s(group), list(group), apart)
-
-
-def mark_best(rows: list[Row], columns: list[str], hib: dict[str, bool]) -> None:
-    for name in columns:
-        values = [r.cells[name].value for r in rows if r.cells[name].value is not None]
-        if values:
-            best = max(values) if hib[name] else min(values)
-            for r in rows:
-                if r.cells[name].value is not None and r.cells[name].value == best:
-                    r.cells[name].best = True
 
 
 def sort_rows(rows: list[Row], primary: str | None, hib: dict[str, bool]) -> None:

@@ -183,6 +183,8 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
     for name in ("model", "train", "task", "encoding"):
         apply_overrides(sections, {f"{name}.{k}": v for k, v in chosen.get(name, {}).items()},
                         origin=f"preset '{preset}' of task '{task}':", limits=limits)
+    if getattr(encoding_cls, "trains", True) is False:     # a training-free method (ntk): no steps unless asked
+        sections["train"]["steps"] = 0
     if source is not None:
         task_cls.take_init(sections, source)
     if steps is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import os
 import secrets
 import socket
@@ -160,7 +161,13 @@ def read_config(run_dir: Path) -> dict[str, Any]:
 
 
 def write_predictions(run_dir: Path, rows) -> int:
-    return write_jsonl(run_dir / PREDICTIONS_FILE, rows)
+    """``predictions.jsonl`` when the evaluation has per-sample rows; no file when it has none."""
+    rows = iter(rows)
+    first = next(rows, None)
+    if first is None:
+        (Path(run_dir) / PREDICTIONS_FILE).unlink(missing_ok=True)
+        return 0
+    return write_jsonl(run_dir / PREDICTIONS_FILE, itertools.chain([first], rows))
 
 
 

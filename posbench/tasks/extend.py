@@ -46,7 +46,7 @@ class Extend(CorpusTask):
                    "eval_batch_size": "windows per forward pass in evaluation"}
     limits = {"length": at_least(2), "scale": at_least(0), "max_train_tokens": at_least(0),
               "eval_tokens": at_least(0), "eval_batch_size": at_least(1)}
-    default_preset = "paper"
+    default_preset = "small"
 
     # ---- configuration ---------------------------------------------------------------------------------------
     @classmethod

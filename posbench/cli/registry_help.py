@@ -1,0 +1,81 @@
+"""Help text built from the registries: the encodings, tasks, presets and extension methods that ``--help``
+names are whatever is registered (a plugin's too), read when the help is shown.
+
+Importing the registries takes seconds (torch and every encoding), so the option's help is filled in only when
+the command's help is formatted, not when the command line is built: ``posbench compare`` never pays for it.
+A command whose help names registered things is registered with ``cls=`` one of the classes below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from typer.core import TyperCommand
+
+
+class RegistryHelp(TyperCommand):
+    """A command whose options' help is made from the registries when the help is shown (``fills``: option
+    name -> a function returning the help text)."""
+
+    fills: ClassVar[dict[str, Callable[[], str]]] = {}
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        for param in self.params:
+            make = self.fills.get(param.name or "")
+            if make is not None:
+                param.help = make()
+        return super().format_help(ctx, formatter)
+
+
+def listing(names: list[str], last: str = "or") -> str:
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
+
+
+def encodings_help() -> str:
+    from posbench.encodings import ENCODINGS
+
+    return (f"Encoding name, or several separated by commas (run in turn): {listing(sorted(ENCODINGS))} "
+            f"('posbench ls encodings').")
+
+
+def tasks_help() -> str:
+    from posbench.tasks import TASKS
+
+    return f"Task name: {listing(sorted(TASKS))} ('posbench ls tasks')."
+
+
+def presets_help() -> str:
+    from posbench.tasks import PRESET_NAMES, TASKS
+
+    names = list(PRESET_NAMES) + sorted({p for t in TASKS.values() for p in t.preset_table()} - set(PRESET_NAMES))
+    defaults = {name: cls.default_preset for name, cls in TASKS.items() if cls.preset_table()}
+    usual = max(set(defaults.values()), key=list(defaults.values()).count)
+    others = ", ".join(f"{t}: {p}" for t, p in sorted(defaults.items()) if p != usual)
+    return (f"Preset: {listing(names)} (default: {usual}" + (f"; {others}" if others else "") +
+            "; 'posbench ls presets' gives each one's time).")
+
+
+def methods_help() -> str:
+    from posbench.hf.methods import METHODS
+
+    free = [name for name, cls in METHODS.items() if not cls.trains]
+    return (f"The extension method: {listing(list(METHODS))}" +
+            (f"; {listing(free, 'and')}: training-free (0 steps)" if free else "") + "; docs/pretrained.md.")
+
+
+def extend_presets_help() -> str:
+    from posbench.tasks import TASKS
+
+    extend = TASKS["extend"]
+    names = [f"{p} (default)" if p == extend.default_preset else p for p in extend.preset_table()]
+    return f"Preset: {listing(names)}; 'posbench ls presets' gives each one's steps and time."
+
+
+class RunHelp(RegistryHelp):
+    fills = {"encoding": encodings_help, "task": tasks_help, "preset": presets_help}
+
+
+class ExtendHelp(RegistryHelp):
+    fills = {"method": methods_help, "preset": extend_presets_help}

@@ -1,0 +1,86 @@
+"""``--help`` names what is registered (encodings, tasks, presets, extension methods), read from the registries
+when the help is shown; training-free methods take no training steps without being told; ``extend``'s default
+preset is the small one."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from posbench.cli import main
+
+
+def _help(capsys, monkeypatch, *argv) -> str:
+    monkeypatch.setenv("COLUMNS", "400")              # no wrapping inside a list of names
+    assert main([*argv, "--help"]) == 0
+    return capsys.readouterr().out
+
+
+def _names_in(text: str, names) -> list[str]:
+    return [n for n in names if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", text)]
+
+
+def test_run_help_names_every_encoding_task_and_preset(capsys, monkeypatch):
+    from posbench.encodings import ENCODINGS
+    from posbench.tasks import TASKS
+
+    text = _help(capsys, monkeypatch, "run")
+    presets = {p for cls in TASKS.values() for p in cls.preset_table()}
+    assert {"tiny", "small", "gpu", "paper"} <= presets
+    assert _names_in(text, sorted(ENCODINGS)) == []
+    assert _names_in(text, sorted(TASKS)) == []
+    assert _names_in(text, sorted(presets)) == []
+
+
+def test_extend_help_names_every_method_and_its_presets(capsys, monkeypatch):
+    from posbench.hf.methods import METHODS
+    from posbench.tasks import TASKS
+
+    text = _help(capsys, monkeypatch, "extend")
+    assert {"tape", "lora", "longlora", "theta", "yarn", "ntk"} <= set(METHODS)
+    assert _names_in(text, list(METHODS)) == []
+    assert _names_in(text, list(TASKS["extend"].preset_table())) == []
+    assert "small (default)" in text and "ntk: training-free" in text
+
+
+def test_a_registered_plugin_method_appears_in_the_help(capsys, monkeypatch):
+    from posbench.hf.methods import METHODS, NtkMethod
+
+    class Plugin(NtkMethod):
+        name = "my-plugin-method"
+        description = "a test plugin"
+
+    try:
+        assert "my-plugin-method" in _help(capsys, monkeypatch, "extend")
+    finally:
+        METHODS.remove("my-plugin-method")
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    from posbench.hf.tiny import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("hf") / "tiny-llama", max_positions=64, layers=2)
+
+
+def _dry_run(capsys, *argv) -> dict:
+    assert main(["extend", *map(str, argv), "--dry-run"]) == 0, capsys.readouterr().err
+    (config,) = json.loads(capsys.readouterr().out)
+    return config
+
+
+def test_extend_defaults_to_the_small_preset_and_ntk_to_no_training(llama_dir, capsys, tmp_path):
+    from posbench.tasks import TASKS
+
+    small = TASKS["extend"].preset("small")["train"]
+    common = ("--model", llama_dir, "--length", 128, "--data", "stdlib")
+    tape = _dry_run(capsys, *common, "--method", "tape")
+    assert tape["preset"] == "small" and tape["train"]["steps"] == small["steps"] == 50
+    ntk = _dry_run(capsys, *common, "--method", "ntk")
+    assert ntk["train"]["steps"] == 0
+    assert _dry_run(capsys, *common, "--method", "ntk", "--preset", "paper")["train"]["steps"] == 0
+    code = main(["extend", *map(str, common), "--method", "ntk", "--steps", "3", "-q", "-o", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "trains nothing" in err and "leave --steps out" in err
