@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from posbench.data import DataError
-from posbench.data.scrolls_data import (DATASETS, load_split, merge_duplicates, parse_datasets, prompt_parts,
+from posbench.tasks.scrolls.data import (DATASETS, load_split, merge_duplicates, parse_datasets, prompt_parts,
                                         split_query)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "scrolls"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posbench.report.model import Cell, Row, TaskTable, num
+from posbench.report.structure import Cell, Row, TaskTable, num
 from posbench.report.tables import mark_best, run_id
 from posbench.runs.record import RunRecord
 

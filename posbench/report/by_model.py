@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from posbench.report import grouping
-from posbench.report.model import Row, TaskTable
+from posbench.report.structure import Row, TaskTable
 from posbench.report.tables import mark_best, metric_cell, metric_columns, run_id
 from posbench.runs.record import RunRecord
 

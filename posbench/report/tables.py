@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from posbench.report import grouping
-from posbench.report.model import Cell, Row, TaskTable, num
+from posbench.report.structure import Cell, Row, TaskTable, num
 from posbench.runs.record import RunRecord
 from posbench.stats import seed_interval
 

@@ -3,7 +3,7 @@
 Write a task as one ``Task`` subclass with a ``name``; defining the class registers it in ``TASKS``
 (third-party packages may also use the entry-point group ``posbench.tasks``). Every module in
 ``posbench/tasks/`` is imported by ``posbench.tasks``, so a built-in task needs no other edit. Its presets are
-data: ``<module>.toml`` beside the module (``arithmetic.toml`` for ``arithmetic.py``).
+data: ``presets.toml`` beside a task folder's ``task.py``, or ``<module>.toml`` beside a one-file task.
 
 The runner (``posbench.runs.runner``) calls, in this order::
 
@@ -20,7 +20,7 @@ Class attributes:
 - ``options`` (the ``task`` section: each key's typed default), ``limits`` (each option's valid range, see
   ``posbench.options``) and ``option_help`` (one line per option, shown by ``posbench ls tasks``). An option
   named like a generic CLI flag (``data``, ``datasets``, ``tokenizer``) is also set by that flag.
-- ``default_preset``. Presets are read from ``<module>.toml``: one table per preset (``tiny`` runs in seconds on
+- ``default_preset``. Presets are read from the TOML file beside the module: one table per preset (``tiny`` runs in seconds on
   a CPU, ``small`` in minutes on a 2-core CPU, ``gpu`` in minutes on one GPU, ``paper`` is the paper's recipe),
   each with ``model``, ``train``, ``task`` (and ``encoding``) sub-tables overriding the built-in defaults,
   ``extends = "task.preset"`` to start from another preset, and an ``expected`` table (``seconds``,
@@ -174,8 +174,14 @@ class Task:
 
     @classmethod
     def preset_table(cls) -> dict[str, dict[str, Any]]:
-        """``presets``, or the TOML file beside the task's module."""
-        return cls.presets or load_presets(str(Path(inspect.getfile(cls)).with_suffix(".toml")))
+        """``presets``, or the TOML file beside the task's module (``preset_file``)."""
+        return cls.presets or load_presets(str(cls.preset_file()), cls.name)
+
+    @classmethod
+    def preset_file(cls) -> Path:
+        """``presets.toml`` beside a task folder's ``task.py``; ``<module>.toml`` beside a one-file task."""
+        module = Path(inspect.getfile(cls))
+        return module.with_name("presets.toml") if module.name == "task.py" else module.with_suffix(".toml")
 
     # ---- hooks ------------------------------------------------------------------------------------------
     def validate(self) -> None:
@@ -193,7 +199,7 @@ class Task:
 
     def build_model(self, device: torch.device) -> tuple[nn.Module, dict[str, Any] | None]:
         """The model this run trains and evaluates, and the ``init`` record of the result."""
-        from posbench.tasks.models import build_model
+        from posbench.tasks.build_model import build_model
 
         return build_model(self)
 
@@ -237,9 +243,9 @@ class Task:
 
 
 @cache
-def load_presets(path: str) -> dict[str, dict[str, Any]]:
-    """Presets from a TOML file; ``extends = "task.preset"`` merges another task's (or this file's) preset under
-    this one, section by section."""
+def load_presets(path: str, task_name: str) -> dict[str, dict[str, Any]]:
+    """Presets of task ``task_name`` from a TOML file; ``extends = "task.preset"`` merges another task's (or this
+    file's) preset under this one, section by section."""
     file = Path(path)
     if not file.is_file():
         return {}
@@ -250,7 +256,7 @@ def load_presets(path: str) -> dict[str, dict[str, Any]]:
         base: dict[str, Any] = {}
         if "extends" in preset:
             task, _, other = str(preset["extends"]).partition(".")
-            source = raw if task == file.stem else load_presets(str(file.with_name(f"{task}.toml")))
+            source = raw if task == task_name else TASKS.get(task).preset_table()
             if other not in source:
                 raise ConfigError(f"{file.name}: preset '{name}' extends unknown '{preset['extends']}'")
             base = source[other]

@@ -2,7 +2,7 @@
 
 For every encoding and sequence length: the median milliseconds of one step after warm-up (CUDA events on a
 GPU, the wall clock elsewhere), tokens per second, model-FLOPs utilisation, peak memory and the ratio to RoPE
-measured in the same run; the step of each mode is in ``posbench.evaluation.speed`` (``train`` is one step of
+measured in the same run; the step of each mode is in ``posbench.tasks.bench.speed`` (``train`` is one step of
 the engine's own ``Trainer``). A cell that runs out of memory is reported as ``oom`` and the run goes on. On a
 CPU the encodings are timed round robin (one step of each in turn), so a neighbouring process slows all of them
 alike; on a GPU one cell at a time (its peak memory is its own).
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from posbench.errors import ConfigError
-from posbench.evaluation import speed
+from posbench.tasks.bench import speed
 from posbench.evaluation.outcome import Evaluation
 from posbench.options import Each, OneOf, at_least
 from posbench.tasks.base import Phase, Task

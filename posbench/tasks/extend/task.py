@@ -28,7 +28,7 @@ from posbench.errors import ConfigError
 from posbench.evaluation.outcome import Evaluation, Metric
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
 from posbench.options import at_least
-from posbench.tasks._lm_common import CorpusTask
+from posbench.tasks.corpus_task import CorpusTask
 
 MODEL_SUBDIR = "checkpoint/model"
 

@@ -33,7 +33,7 @@ from posbench.errors import ConfigError
 from posbench.evaluation import passkey as pk
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
 from posbench.options import Each, OneOf, at_least, between, positive
-from posbench.tasks._lm_common import TokenizerMixin
+from posbench.tasks.corpus_task import TokenizerMixin
 from posbench.tasks.base import SeededStream, Task, config_hash
 from posbench.train import distributed
 

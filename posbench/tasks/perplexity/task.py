@@ -23,7 +23,7 @@ from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
 from posbench.evaluation.perplexity import PROTOCOLS, SCORING
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
 from posbench.options import Each, OneOf, at_least
-from posbench.tasks._lm_common import CorpusTask
+from posbench.tasks.corpus_task import CorpusTask
 
 
 class Perplexity(CorpusTask):

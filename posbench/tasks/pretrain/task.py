@@ -18,7 +18,7 @@ from typing import Any
 from posbench.evaluation.outcome import Evaluation, Metric
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
 from posbench.evaluation.perplexity import unigram_entropy
-from posbench.tasks._lm_common import CorpusTask
+from posbench.tasks.corpus_task import CorpusTask
 
 
 class Pretrain(CorpusTask):

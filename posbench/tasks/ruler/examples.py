@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from posbench.evaluation.ruler import kinds, niah, vt
-from posbench.evaluation.ruler.haystack import CorpusFiller, NoiseFiller, assemble, boundaries, cut
-from posbench.evaluation.ruler.values import words_info
+from posbench.tasks.ruler import kinds, niah, vt
+from posbench.tasks.ruler.haystack import CorpusFiller, NoiseFiller, assemble, boundaries, cut
+from posbench.tasks.ruler.values import words_info
 
 EVAL_DOMAIN, TRAIN_DOMAIN = 0x52554C45, 0x5452414E          # "RULE", "TRAN"
 

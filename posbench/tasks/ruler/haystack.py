@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from posbench.data import corpus
-from posbench.evaluation.ruler import templates
-from posbench.evaluation.ruler.kinds import RulerError
-from posbench.evaluation.ruler.values import draw_distinct
+from posbench.tasks.ruler import templates
+from posbench.tasks.ruler.kinds import RulerError
+from posbench.tasks.ruler.values import draw_distinct
 
 DEPTHS = [int(d) for d in np.round(np.linspace(0, 100, num=40, endpoint=True))]
 CORPUS_SPLITS = {"eval": "validation", "train": "train"}

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from posbench.evaluation.ruler import templates
-from posbench.evaluation.ruler.haystack import NeedleFiller, nearest_slot, random_slots
-from posbench.evaluation.ruler.kinds import RulerError
-from posbench.evaluation.ruler.values import draw_distinct
+from posbench.tasks.ruler import templates
+from posbench.tasks.ruler.haystack import NeedleFiller, nearest_slot, random_slots
+from posbench.tasks.ruler.kinds import RulerError
+from posbench.tasks.ruler.values import draw_distinct
 
 
 def content(params: dict, rng: np.random.Generator, tokenizer, filler_for) -> dict:

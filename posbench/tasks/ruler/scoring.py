@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from posbench.evaluation.ruler import kinds
+from posbench.tasks.ruler import kinds
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
 

@@ -1,6 +1,6 @@
 """``ruler``: RULER's retrieval tasks (Hsieh et al., 2024) beyond passkey, on a length x depth grid.
 
-The kinds (``task.kinds``; ``posbench.evaluation.ruler`` generates them offline, token-exactly, from a seed):
+The kinds (``task.kinds``; ``posbench.tasks.ruler`` generates them offline, token-exactly, from a seed):
 needle-in-a-haystack with one key (``niah_single_1..3``), several keys of which one is asked
 (``niah_multikey_1..3``), several values of one key (``niah_multivalue``), several keys asked at once
 (``niah_multiquery``), and variable tracking (``vt``: chains of ``VAR X = Y`` assignments; name every variable
@@ -28,10 +28,13 @@ import torch
 
 from posbench.data.batch import IGNORE_INDEX, Batch, next_token_pair
 from posbench.errors import ConfigError
-from posbench.evaluation import ruler
+from posbench.tasks.ruler.examples import data_spec, eval_seed, make_example, train_seed
+from posbench.tasks.ruler.kinds import KINDS, defaults
+from posbench.tasks.ruler.scoring import prediction_record
+from posbench.tasks.ruler.training import training_sequence
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
 from posbench.options import Each, OneOf, at_least, between, positive
-from posbench.tasks._lm_common import TokenizerMixin
+from posbench.tasks.corpus_task import TokenizerMixin
 from posbench.tasks.base import SeededStream, Task, config_hash
 from posbench.train import distributed
 
@@ -50,8 +53,8 @@ class RulerStream(SeededStream):
         targets = torch.full((batch_size, self.length), IGNORE_INDEX, dtype=torch.long)
         for row in range(batch_size):
             kind = self.kinds[(index * batch_size + row) % len(self.kinds)]
-            ids, loss_from = ruler.training_sequence(kind, self.tok, self.length,
-                                                     ruler.train_seed(self.seed, index, row),
+            ids, loss_from = training_sequence(kind, self.tok, self.length,
+                                                     train_seed(self.seed, index, row),
                                                      **kind_params(kind, self.params))
             tokens[row], targets[row] = next_token_pair(ids, loss_from if self.loss == "answer" else 0)
         return Batch(tokens, targets)
@@ -59,7 +62,7 @@ class RulerStream(SeededStream):
 
 def kind_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     """The task's parameters that this kind takes (variable tracking's chains, hops and solved example)."""
-    return {k: v for k, v in params.items() if k in ruler.defaults(kind)}
+    return {k: v for k, v in params.items() if k in defaults(kind)}
 
 
 class Ruler(TokenizerMixin, Task):
@@ -79,7 +82,7 @@ class Ruler(TokenizerMixin, Task):
         "num_hops": 4,
         "add_fewshot": True,
     }
-    limits = {"kinds": Each(OneOf(tuple(ruler.KINDS))), "train_length": at_least(0),
+    limits = {"kinds": Each(OneOf(tuple(KINDS))), "train_length": at_least(0),
               "loss": OneOf(("answer", "all")), "length_factors": Each(positive()), "depths": Each(between(0, 1)),
               "trials": at_least(1), "eval_batch_size": at_least(1), "num_chains": at_least(1),
               "num_hops": at_least(1)}
@@ -118,7 +121,7 @@ class Ruler(TokenizerMixin, Task):
         if self.train_length < 2:
             raise ConfigError("ruler needs a training length: set task.train_length (or model.max_seq_len)")
         for kind in self.opts["kinds"]:        # a prompt too short for a kind: RULER's one-line error, now
-            ruler.make_example(kind, self.tokenizer, self.train_length, 0.5, 0, answer_room=True,
+            make_example(kind, self.tokenizer, self.train_length, 0.5, 0, answer_room=True,
                                **kind_params(kind, self.params))
 
     def _resolve_tokenizer(self):
@@ -141,7 +144,7 @@ class Ruler(TokenizerMixin, Task):
         return {"data": self.config.seed, "eval": self.opts["eval_seed"]}
 
     def data_info(self) -> dict[str, Any]:
-        kinds = {kind: ruler.data_spec(kind, **kind_params(kind, self.params)) for kind in self.opts["kinds"]}
+        kinds = {kind: data_spec(kind, **kind_params(kind, self.params)) for kind in self.opts["kinds"]}
         spec = {"kinds": kinds, "train_length": self.train_length, "loss": self.opts["loss"],
                 "eval_seed": self.opts["eval_seed"], "trials": self.opts["trials"], "depths": self.opts["depths"]}
         return {"source": "synthetic (RULER, generated offline)", "hash": config_hash(spec), **spec,
@@ -153,8 +156,8 @@ class Ruler(TokenizerMixin, Task):
         out = []
         for di, depth in enumerate(self.opts["depths"]):
             for trial in range(self.opts["trials"]):
-                seed = ruler.eval_seed(self.opts["eval_seed"], kind, length, di, trial)
-                out.append((di, depth, trial, ruler.make_example(kind, self.tokenizer, length, depth, seed,
+                seed = eval_seed(self.opts["eval_seed"], kind, length, di, trial)
+                out.append((di, depth, trial, make_example(kind, self.tokenizer, length, depth, seed,
                                                                  **kind_params(kind, self.params))))
         return out
 
@@ -179,7 +182,7 @@ class Ruler(TokenizerMixin, Task):
                 decoded = distributed.shard_map(lambda chunk: self.decode(model, device, chunk), chunks)
                 for chunk, texts in zip(chunks, decoded):
                     for (di, depth, trial, ex), text in zip(chunk, texts):
-                        rows.append(ruler.prediction_record(ex, text, trial))
+                        rows.append(prediction_record(ex, text, trial))
                 done += 1
                 bar.update(done, kind=kind, length=length)
         bar.close()

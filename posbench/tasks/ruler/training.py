@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from posbench.evaluation.ruler.examples import make_example, train_seed
-from posbench.evaluation.ruler.kinds import RulerError
+from posbench.tasks.ruler.examples import make_example, train_seed
+from posbench.tasks.ruler.kinds import RulerError
 
 IGNORE_INDEX = -100          # posbench's (and PyTorch's) ignore index for targets without loss
 

@@ -16,7 +16,7 @@ from importlib import resources
 
 import numpy as np
 
-from posbench.evaluation.ruler.kinds import RulerError
+from posbench.tasks.ruler.kinds import RulerError
 
 
 @lru_cache(maxsize=1)

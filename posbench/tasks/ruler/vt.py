@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from posbench.evaluation.ruler import templates
-from posbench.evaluation.ruler.haystack import nearest_slot, random_slots
-from posbench.evaluation.ruler.kinds import RulerError
+from posbench.tasks.ruler import templates
+from posbench.tasks.ruler.haystack import nearest_slot, random_slots
+from posbench.tasks.ruler.kinds import RulerError
 
 LETTERS = np.array(list(string.ascii_uppercase))
 

@@ -1,7 +1,7 @@
 """SCROLLS: fine-tune on each data set, generate answers for its validation split, score with the official
 metric; the SCROLLS score is the mean of the seven data-set scores.
 
-Data (``posbench.data.scrolls_data``): ``--data DIR`` with ``DIR/<dataset>/{train,validation}.jsonl`` or,
+Data (``posbench.tasks.scrolls.data``): ``--data DIR`` with ``DIR/<dataset>/{train,validation}.jsonl`` or,
 with a network, the hub's ``tau/scrolls``; duplicate ids merged into a list of references; query tasks
 split at the first blank line. ``--datasets a,b`` picks a subset (default: all seven).
 
@@ -15,7 +15,7 @@ text?"); the answer follows after one space. Only the document is truncated, to 
 ``task.max_input_tokens`` (0: ``model.max_seq_len``), from the side ``task.truncation_side`` names
 (``end``: keep the beginning, as TAPE does; ``start``: keep the end). Both are recorded.
 
-Metrics (``posbench.metrics.scrolls``): Qasper and NarrativeQA F1, QuALITY and ContractNLI EM, QMSum,
+Metrics (``posbench.tasks.scrolls.metric.scrolls``): Qasper and NarrativeQA F1, QuALITY and ContractNLI EM, QMSum,
 SummScreenFD and GovReport the geometric mean of ROUGE-1/2/L, all x100, in the paper's Table 1 column order,
 then ``scrolls_score``. Each data set's predictions are also written as ``scrolls/<dataset>.json``
 (``{id: prediction}``), the official submission format that ``posbench score`` reads.
@@ -29,15 +29,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from posbench.data import scrolls_data as sd
+from posbench.tasks.scrolls import data as sd
 from posbench.data.batch import IGNORE_INDEX, Batch, next_token_pair
 from posbench.data.errors import DataError
 from posbench.errors import ConfigError
 from posbench.evaluation.outcome import Evaluation, Metric, mean_stderr
 from posbench.files import atomic_write_json
-from posbench.metrics import DATASET_TO_METRICS, scrolls as scrolls_metric, scrolls_score
+from posbench.tasks.scrolls.metric import DATASET_TO_METRICS, scrolls as scrolls_metric, scrolls_score
 from posbench.options import OneOf, at_least
-from posbench.tasks._lm_common import TokenizerMixin
+from posbench.tasks.corpus_task import TokenizerMixin
 from posbench.tasks.base import Phase, SeededStream, Task, config_hash
 
 # paper Table 1 order: QAS F1, CNLI EM, NQA F1, QuAL EM, QMS Rgm, SumS Rgm, GovR Rgm
@@ -250,7 +250,7 @@ class Scrolls(TokenizerMixin, Task):
 
     @staticmethod
     def _stderr(dataset: str, preds: list[str], refs: list[list[str]]) -> float | None:
-        from posbench.metrics import exact_match, token_f1
+        from posbench.tasks.scrolls.metric import exact_match, token_f1
 
         kind = DATASET_TO_METRICS[dataset]["metric"]
         if kind == "rouge":
@@ -291,7 +291,7 @@ class Scrolls(TokenizerMixin, Task):
         """Per example the official score against its best reference (EM or F1 x100; for the ROUGE data sets
         ROUGE-1, -2 and -L separately, whose means the geometric mean combines); ``scrolls_score`` is the mean
         of the data sets' scores. Strata: the data sets."""
-        from posbench.metrics import exact_match, rouge_fmeasures, token_f1
+        from posbench.tasks.scrolls.metric import exact_match, rouge_fmeasures, token_f1
         from posbench.stats import ExampleScores, Recipe
 
         datasets = [d for d, _ in TABLE1 if any(p["dataset"] == d for p in predictions)]
