@@ -18,7 +18,7 @@ from posbench.data.lm import TokenStream, corpus_tokens, training_token_budget
 from posbench.data.sources import open_source
 from posbench.data.tokenizer import Tokenizer, build_tokenizer, parse_bpe_spec, tokenizer_from_spec
 from posbench.errors import ConfigError
-from posbench.options import at_least
+from posbench.options import Option, at_least
 from posbench.tasks.base import IndexedStream, Task
 
 BPE_TRAIN_CHARS = 2_000_000
@@ -140,27 +140,19 @@ class CorpusTask(TokenizerMixin, Task):
     """Common base of ``pretrain`` and ``perplexity``: a corpus, a tokenizer, a chunked training stream and a
     held-out token stream."""
 
-    options = {
-        "data": "stdlib",
-        "text_field": "text",
-        "tokenizer": "byte",
-        "max_train_tokens": 0,
-        "eval_tokens": 65536,
-        "eval_batch_size": 8,
-        "bpe_train_chars": BPE_TRAIN_CHARS,
+    OPTIONS = {
+        "data": Option("stdlib", "corpus: stdlib (built in), a .jsonl/.json/.parquet/.txt file or directory, or a hub "
+                       "name"),
+        "text_field": Option("text", "the field holding each document's text"),
+        "tokenizer": Option("byte", "byte, bpe or bpe:VOCAB (trained on the corpus, saved with the run), or an HF "
+                            "name/path"),
+        "max_train_tokens": Option(0, "training tokens read from the corpus (0: what training uses, steps x batch_size "
+                                   "x max_seq_len + 1; the built-in corpus: all of it)", at_least(0)),
+        "eval_tokens": Option(65536, "held-out tokens evaluated (0: the whole held-out split)", at_least(0)),
+        "eval_batch_size": Option(8, "windows per forward pass in evaluation", at_least(1)),
+        "bpe_train_chars": Option(BPE_TRAIN_CHARS, "characters of the training split a BPE tokenizer is trained on",
+                                  at_least(1)),
     }
-    option_help = {
-        "data": "corpus: stdlib (built in), a .jsonl/.json/.parquet/.txt file or directory, or a hub name",
-        "text_field": "the field holding each document's text",
-        "tokenizer": "byte, bpe or bpe:VOCAB (trained on the corpus, saved with the run), or an HF name/path",
-        "max_train_tokens": "training tokens read from the corpus (0: what training uses, steps x batch_size x "
-                            "max_seq_len + 1; the built-in corpus: all of it)",
-        "eval_tokens": "held-out tokens evaluated (0: the whole held-out split)",
-        "eval_batch_size": "windows per forward pass in evaluation",
-        "bpe_train_chars": "characters of the training split a BPE tokenizer is trained on",
-    }
-    limits = {"max_train_tokens": at_least(0), "eval_tokens": at_least(0), "eval_batch_size": at_least(1),
-              "bpe_train_chars": at_least(1)}
 
     _train: TokenStream | None = None
     _eval: TokenStream | None = None

@@ -25,7 +25,7 @@ import torch
 from posbench.data.batch import IGNORE_INDEX, Batch
 from posbench.data.char import BOS, EOS, PAD, SPECIALS, UNK, CharTokenizer
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
-from posbench.options import at_least
+from posbench.options import Option, at_least
 from posbench.tasks.base import IndexedStream, Task, config_hash
 from posbench.train import distributed
 
@@ -184,22 +184,13 @@ def summarise(grid: dict[tuple[int, int], tuple[int, int]], train_digits: int) -
 class Arithmetic(Task):
     name = "arithmetic"
     description = "addition, reversed digits (McLeish et al.); accuracy grid up to 2x the training length"
-    options = {
-        "train_digits": 5,
-        "eval_digits": 0,
-        "eval_samples": 100,
-        "eval_seed": 42,
-        "eval_batch_size": 1024,
+    OPTIONS = {
+        "train_digits": Option(5, "longest operand in training (the paper: 20)", at_least(1)),
+        "eval_digits": Option(0, "longest operand in the evaluation grid (0: 2 x train_digits)", at_least(0)),
+        "eval_samples": Option(100, "examples per grid cell (the paper: 100)", at_least(1)),
+        "eval_seed": Option(42, "seed of the evaluation examples (the same for every encoding)", at_least(0)),
+        "eval_batch_size": Option(1024, "prompts decoded together", at_least(1)),
     }
-    option_help = {
-        "train_digits": "longest operand in training (the paper: 20)",
-        "eval_digits": "longest operand in the evaluation grid (0: 2 x train_digits)",
-        "eval_samples": "examples per grid cell (the paper: 100)",
-        "eval_seed": "seed of the evaluation examples (the same for every encoding)",
-        "eval_batch_size": "prompts decoded together",
-    }
-    limits = {"train_digits": at_least(1), "eval_digits": at_least(0), "eval_samples": at_least(1),
-              "eval_batch_size": at_least(1)}
 
     @classmethod
     def encoding_context(cls, options: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import torch
 from posbench.errors import ConfigError
 from posbench.tasks.bench import speed
 from posbench.evaluation.outcome import Evaluation
-from posbench.options import Each, OneOf, at_least
+from posbench.options import Each, OneOf, Option, at_least
 from posbench.tasks.base import Phase, Task
 
 BASELINE = "rope"
@@ -56,18 +56,19 @@ class Cell:
 class Bench(Task):
     name = "bench"
     description = "speed: step time, tokens/s, MFU, peak memory and the ratio to RoPE of each encoding"
-    options = {"encodings": [], "lengths": [256], "batch": [8], "mode": "train", "warmup": 3, "steps": 10,
-               "new_tokens": 32, "peak_tflops": 0.0, "vocab_size": 256}
-    limits = {"lengths": Each(at_least(1)), "batch": Each(at_least(1)),
-              "mode": OneOf(MODES), "warmup": at_least(0), "steps": at_least(1), "new_tokens": at_least(1),
-              "peak_tflops": at_least(0), "vocab_size": at_least(2)}
-    option_help = {"encodings": "encodings to time (RoPE always, first: ratios are to it); empty: every one",
-                   "lengths": "sequence lengths", "batch": "sequences per step: one per length (a single value, or "
-                   "a list longer than the lengths, gives its first to every length)",
-                   "mode": "train (the engine's optimizer step), forward, or decode (ms per new token)",
-                   "warmup": "untimed steps first", "steps": "timed steps per cell (the median is reported)",
-                   "new_tokens": "decode: tokens per timed run", "peak_tflops": "the device's dense bf16 peak "
-                   "(0: known GPUs are recognised)", "vocab_size": "the models' vocabulary"}
+    OPTIONS = {
+        "encodings": Option([], "encodings to time (RoPE always, first: ratios are to it); empty: every one"),
+        "lengths": Option([256], "sequence lengths", Each(at_least(1))),
+        "batch": Option([8], "sequences per step: one per length (a single value, or a list longer than the lengths, "
+                        "gives its first to every length)", Each(at_least(1))),
+        "mode": Option("train", "train (the engine's optimizer step), forward, or decode (ms per new token)",
+                       OneOf(MODES)),
+        "warmup": Option(3, "untimed steps first", at_least(0)),
+        "steps": Option(10, "timed steps per cell (the median is reported)", at_least(1)),
+        "new_tokens": Option(32, "decode: tokens per timed run", at_least(1)),
+        "peak_tflops": Option(0.0, "the device's dense bf16 peak (0: known GPUs are recognised)", at_least(0)),
+        "vocab_size": Option(256, "the models' vocabulary", at_least(2)),
+    }
     default_preset = "small"
     needs_model = False
 

@@ -27,7 +27,7 @@ from torch import nn
 from posbench.errors import ConfigError
 from posbench.evaluation.outcome import Evaluation, Metric
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
-from posbench.options import at_least
+from posbench.options import Option, at_least
 from posbench.tasks.corpus_task import CorpusTask
 
 MODEL_SUBDIR = "checkpoint/model"
@@ -36,16 +36,16 @@ MODEL_SUBDIR = "checkpoint/model"
 class Extend(CorpusTask):
     name = "extend"
     description = "extend a pretrained Llama's context (tape, lora, longlora, theta, ...) and fine-tune it"
-    options = {"length": 0, "scale": 0.0, "data": "stdlib", "text_field": "text", "max_train_tokens": 0,
-               "eval_tokens": 0, "eval_batch_size": 1}
-    option_help = {"length": "the new context length in tokens (at least the model's own)",
-                   "scale": "linear position interpolation factor (0: length / the model's context)",
-                   "data": CorpusTask.option_help["data"], "text_field": CorpusTask.option_help["text_field"],
-                   "max_train_tokens": "training tokens read (0: exactly what training uses, steps x batch x length)",
-                   "eval_tokens": "held-out tokens evaluated at the new length (0: the whole held-out split)",
-                   "eval_batch_size": "windows per forward pass in evaluation"}
-    limits = {"length": at_least(2), "scale": at_least(0), "max_train_tokens": at_least(0),
-              "eval_tokens": at_least(0), "eval_batch_size": at_least(1)}
+    OPTIONS = {
+        "length": Option(0, "the new context length in tokens (at least the model's own)", at_least(2)),
+        "scale": Option(0.0, "linear position interpolation factor (0: length / the model's context)", at_least(0)),
+        **{key: CorpusTask.OPTIONS[key] for key in ("data", "text_field")},
+        "max_train_tokens": Option(0, "training tokens read (0: exactly what training uses, steps x batch x length)",
+                                   at_least(0)),
+        "eval_tokens": Option(0, "held-out tokens evaluated at the new length (0: the whole held-out split)",
+                              at_least(0)),
+        "eval_batch_size": Option(1, "windows per forward pass in evaluation", at_least(1)),
+    }
     default_preset = "paper"
 
     # ---- configuration ---------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from posbench.data.batch import IGNORE_INDEX, Batch, next_token_pair
 from posbench.errors import ConfigError
 from posbench.evaluation import passkey as pk
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
-from posbench.options import Each, OneOf, at_least, between, positive
+from posbench.options import Each, OneOf, Option, at_least, between, positive
 from posbench.tasks.corpus_task import TokenizerMixin
 from posbench.tasks.base import SeededStream, Task, config_hash
 from posbench.train import distributed
@@ -69,35 +69,22 @@ class PasskeyStream(SeededStream):
 class Passkey(TokenizerMixin, Task):
     name = "passkey"
     description = "passkey retrieval (LongLoRA template): length x depth accuracy grid, or LongLoRA's exact test"
-    options = {
-        "mode": "grid",
-        "tokenizer": "byte",
-        "train_length": 0,
-        "loss": "all",
-        "length_factors": [1, 2, 4],
-        "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
-        "trials": 10,
-        "eval_seed": 0,
-        "max_tokens": 0,
-        "interval": 0,
-        "eval_batch_size": 8,
+    OPTIONS = {
+        "mode": Option("grid", "grid (length x depth, token-exact lengths) or longlora (LongLoRA's script exactly)",
+                       OneOf(MODES)),
+        "tokenizer": Option("byte", "byte, or a Hugging Face tokenizer name/path (with --init: the init run's)"),
+        "train_length": Option(0, "fine-tuning length in tokens (0: model.max_seq_len); sets model.max_seq_len",
+                               at_least(0)),
+        "loss": Option("all", "all (every token) or answer (the key and EOS only)", OneOf(("all", "answer"))),
+        "length_factors": Option([1, 2, 4], "grid lengths as multiples of the training length", Each(positive())),
+        "depths": Option([0.0, 0.25, 0.5, 0.75, 1.0], "grid depths in [0, 1] (fraction of the filler before the key)",
+                         Each(between(0.0, 1.0))),
+        "trials": Option(10, "keys per grid cell / per LongLoRA length point (LongLoRA: 10, TAPE: 20)", at_least(1)),
+        "eval_seed": Option(0, "seed of the grid's keys (the same for every encoding)", at_least(0)),
+        "max_tokens": Option(0, "longlora mode: --max_tokens (0: the largest grid length)", at_least(0)),
+        "interval": Option(0, "longlora mode: --interval (0: the training length)", at_least(0)),
+        "eval_batch_size": Option(8, "prompts decoded together", at_least(1)),
     }
-    option_help = {
-        "mode": "grid (length x depth, token-exact lengths) or longlora (LongLoRA's script exactly)",
-        "tokenizer": "byte, or a Hugging Face tokenizer name/path (with --init: the init run's)",
-        "train_length": "fine-tuning length in tokens (0: model.max_seq_len); sets model.max_seq_len",
-        "loss": "all (every token) or answer (the key and EOS only)",
-        "length_factors": "grid lengths as multiples of the training length",
-        "depths": "grid depths in [0, 1] (fraction of the filler before the key)",
-        "trials": "keys per grid cell / per LongLoRA length point (LongLoRA: 10, TAPE: 20)",
-        "eval_seed": "seed of the grid's keys (the same for every encoding)",
-        "max_tokens": "longlora mode: --max_tokens (0: the largest grid length)",
-        "interval": "longlora mode: --interval (0: the training length)",
-        "eval_batch_size": "prompts decoded together",
-    }
-    limits = {"mode": OneOf(MODES), "train_length": at_least(0), "loss": OneOf(("all", "answer")),
-              "length_factors": Each(positive()), "depths": Each(between(0.0, 1.0)), "trials": at_least(1),
-              "max_tokens": at_least(0), "interval": at_least(0), "eval_batch_size": at_least(1)}
 
     # ---- configuration ---------------------------------------------------------------------------------
     @classmethod

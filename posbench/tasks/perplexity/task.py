@@ -22,23 +22,25 @@ from posbench.errors import ConfigError
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
 from posbench.evaluation.perplexity import PROTOCOLS, SCORING
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
-from posbench.options import Each, OneOf, at_least
+from posbench.options import Each, OneOf, Option, at_least
 from posbench.tasks.corpus_task import CorpusTask
 
 
 class Perplexity(CorpusTask):
     name = "perplexity"
     description = "perplexity vs evaluation length (1-8x the training length), chunked and sliding-window"
-    options = {**CorpusTask.options, "length_factors": [1, 2, 4, 8], "protocols": ["chunks", "sliding"],
-               "stride": 0, "score": "new", "init_steps": 0}
-    option_help = {**CorpusTask.option_help,
-                   "length_factors": "evaluation lengths as multiples of the training length",
-                   "protocols": "chunks (non-overlapping) and/or sliding (windows every `stride` tokens)",
-                   "stride": "sliding-window stride in tokens (0: half of each evaluation length)",
-                   "score": "sliding windows: new (each token once) or window (every window whole, LongLoRA)",
-                   "init_steps": "training steps when starting from --init (0: evaluate the checkpoint as is)"}
-    limits = {**CorpusTask.limits, "length_factors": Each(at_least(1)), "protocols": Each(OneOf(PROTOCOLS)),
-              "stride": at_least(0), "score": OneOf(SCORING), "init_steps": at_least(0)}
+    OPTIONS = {
+        **CorpusTask.OPTIONS,
+        "length_factors": Option([1, 2, 4, 8], "evaluation lengths as multiples of the training length",
+                                 Each(at_least(1))),
+        "protocols": Option(["chunks", "sliding"], "chunks (non-overlapping) and/or sliding (windows every `stride` "
+                            "tokens)", Each(OneOf(PROTOCOLS))),
+        "stride": Option(0, "sliding-window stride in tokens (0: half of each evaluation length)", at_least(0)),
+        "score": Option("new", "sliding windows: new (each token once) or window (every window whole, LongLoRA)",
+                        OneOf(SCORING)),
+        "init_steps": Option(0, "training steps when starting from --init (0: evaluate the checkpoint as is)",
+                             at_least(0)),
+    }
 
     @classmethod
     def adjust(cls, sections, source) -> None:

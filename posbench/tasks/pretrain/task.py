@@ -24,8 +24,7 @@ from posbench.tasks.corpus_task import CorpusTask
 class Pretrain(CorpusTask):
     name = "pretrain"
     description = "causal LM pre-training on a corpus (default: the built-in stdlib code corpus); held-out perplexity"
-    options = dict(CorpusTask.options)
-    option_help = dict(CorpusTask.option_help)
+
     def evaluate(self, model, device, reporter: Any, phases: dict) -> Evaluation:
         tokens = self.eval_tokens().tokens
         bar = reporter.task("eval", total=1, unit="length") if reporter else None

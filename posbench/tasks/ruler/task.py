@@ -33,7 +33,7 @@ from posbench.tasks.ruler.kinds import KINDS, defaults
 from posbench.tasks.ruler.scoring import prediction_record
 from posbench.tasks.ruler.training import training_sequence
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
-from posbench.options import Each, OneOf, at_least, between, positive
+from posbench.options import Each, OneOf, Option, at_least, between, positive
 from posbench.tasks.corpus_task import TokenizerMixin
 from posbench.tasks.base import SeededStream, Task, config_hash
 from posbench.train import distributed
@@ -68,37 +68,25 @@ def kind_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
 class Ruler(TokenizerMixin, Task):
     name = "ruler"
     description = "RULER retrieval: multi-key/value/query needles and variable tracking on a length x depth grid"
-    options = {
-        "kinds": ["niah_single_1", "niah_multikey_1", "niah_multivalue", "niah_multiquery", "vt"],
-        "tokenizer": "byte",
-        "train_length": 0,
-        "loss": "answer",
-        "length_factors": [1, 2, 4, 8],
-        "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
-        "trials": 10,
-        "eval_seed": 0,
-        "eval_batch_size": 8,
-        "num_chains": 1,
-        "num_hops": 4,
-        "add_fewshot": True,
-    }
-    limits = {"kinds": Each(OneOf(tuple(KINDS))), "train_length": at_least(0),
-              "loss": OneOf(("answer", "all")), "length_factors": Each(positive()), "depths": Each(between(0, 1)),
-              "trials": at_least(1), "eval_batch_size": at_least(1), "num_chains": at_least(1),
-              "num_hops": at_least(1)}
-    option_help = {
-        "kinds": "RULER kinds: niah_single_1..3, niah_multikey_1..3, niah_multivalue, niah_multiquery, vt",
-        "tokenizer": "byte, or a Hugging Face tokenizer name/path (with --init: the init model's)",
-        "train_length": "training prompt length in tokens, answer included (0: model.max_seq_len)",
-        "loss": "answer (the answer and EOS only) or all (every token)",
-        "length_factors": "evaluation lengths as multiples of the training length",
-        "depths": "evaluation depths in [0, 1]: where the needles holding the answer sit",
-        "trials": "examples per kind, length and depth (the same for every encoding)",
-        "eval_seed": "seed of the evaluation examples",
-        "eval_batch_size": "prompts decoded together",
-        "num_chains": "vt: chains of assignments (one is asked)",
-        "num_hops": "vt: assignments after the value in each chain",
-        "add_fewshot": "vt: RULER's solved example before the question (needs ~700 more tokens of context)",
+    OPTIONS = {
+        "kinds": Option(["niah_single_1", "niah_multikey_1", "niah_multivalue", "niah_multiquery", "vt"],
+                        "RULER kinds: niah_single_1..3, niah_multikey_1..3, niah_multivalue, niah_multiquery, vt",
+                        Each(OneOf(tuple(KINDS)))),
+        "tokenizer": Option("byte", "byte, or a Hugging Face tokenizer name/path (with --init: the init model's)"),
+        "train_length": Option(0, "training prompt length in tokens, answer included (0: model.max_seq_len)",
+                               at_least(0)),
+        "loss": Option("answer", "answer (the answer and EOS only) or all (every token)", OneOf(("answer", "all"))),
+        "length_factors": Option([1, 2, 4, 8], "evaluation lengths as multiples of the training length",
+                                 Each(positive())),
+        "depths": Option([0.0, 0.25, 0.5, 0.75, 1.0], "evaluation depths in [0, 1]: where the needles holding the "
+                         "answer sit", Each(between(0, 1))),
+        "trials": Option(10, "examples per kind, length and depth (the same for every encoding)", at_least(1)),
+        "eval_seed": Option(0, "seed of the evaluation examples", at_least(0)),
+        "eval_batch_size": Option(8, "prompts decoded together", at_least(1)),
+        "num_chains": Option(1, "vt: chains of assignments (one is asked)", at_least(1)),
+        "num_hops": Option(4, "vt: assignments after the value in each chain", at_least(1)),
+        "add_fewshot": Option(True, "vt: RULER's solved example before the question (needs ~700 more tokens of "
+                                    "context)"),
     }
 
     # ---- configuration ---------------------------------------------------------------------------------

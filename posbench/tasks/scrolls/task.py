@@ -36,7 +36,7 @@ from posbench.errors import ConfigError
 from posbench.evaluation.outcome import Evaluation, Metric, mean_stderr
 from posbench.files import atomic_write_json
 from posbench.tasks.scrolls.metric import DATASET_TO_METRICS, scrolls as scrolls_metric, scrolls_score
-from posbench.options import OneOf, at_least
+from posbench.options import OneOf, Option, at_least
 from posbench.tasks.corpus_task import TokenizerMixin
 from posbench.tasks.base import Phase, SeededStream, Task, config_hash
 
@@ -73,30 +73,20 @@ class ExampleStream(SeededStream):
 class Scrolls(TokenizerMixin, Task):
     name = "scrolls"
     description = "SCROLLS: per-dataset fine-tuning, greedy generation, official metrics (paper Table 1)"
-    options = {
-        "datasets": "all",
-        "data": "",
-        "tokenizer": "byte",
-        "max_input_tokens": 0,
-        "truncation_side": "end",
-        "max_new_tokens": "",
-        "max_train_examples": 0,
-        "max_eval_examples": 0,
-        "eval_batch_size": 8,
+    OPTIONS = {
+        "datasets": Option("all", "comma-separated subset of the seven data sets, or all"),
+        "data": Option("", "DIR with DIR/<dataset>/{train,validation}.jsonl (empty: the hub's tau/scrolls)"),
+        "tokenizer": Option("byte", "byte or a Hugging Face name/path (with --init: the init run's tokenizer)"),
+        "max_input_tokens": Option(0, "longest prompt in tokens; the document is truncated to fit (0: "
+                                   "model.max_seq_len)", at_least(0)),
+        "truncation_side": Option("end", "end (keep the document's beginning) or start (keep its end)",
+                                  OneOf(("end", "start"))),
+        "max_new_tokens": Option("", "generation limit: N for all data sets, or dataset=N,... (default: per-dataset "
+                                 "table)"),
+        "max_train_examples": Option(0, "train examples per data set (0: all)", at_least(0)),
+        "max_eval_examples": Option(0, "validation examples per data set (0: all)", at_least(0)),
+        "eval_batch_size": Option(8, "prompts of equal length decoded together", at_least(1)),
     }
-    option_help = {
-        "datasets": "comma-separated subset of the seven data sets, or all",
-        "data": "DIR with DIR/<dataset>/{train,validation}.jsonl (empty: the hub's tau/scrolls)",
-        "tokenizer": "byte or a Hugging Face name/path (with --init: the init run's tokenizer)",
-        "max_input_tokens": "longest prompt in tokens; the document is truncated to fit (0: model.max_seq_len)",
-        "truncation_side": "end (keep the document's beginning) or start (keep its end)",
-        "max_new_tokens": "generation limit: N for all data sets, or dataset=N,... (default: per-dataset table)",
-        "max_train_examples": "train examples per data set (0: all)",
-        "max_eval_examples": "validation examples per data set (0: all)",
-        "eval_batch_size": "prompts of equal length decoded together",
-    }
-    limits = {"max_input_tokens": at_least(0), "truncation_side": OneOf(("end", "start")),
-              "max_train_examples": at_least(0), "max_eval_examples": at_least(0), "eval_batch_size": at_least(1)}
 
     # ---- configuration ---------------------------------------------------------------------------------
     def __init__(self, config):
