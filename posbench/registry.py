@@ -82,9 +82,10 @@ def add_plugins(names: Iterable[str]) -> None:
     """Name more plugin modules (``--plugins``): imported now, and kept in ``POSBENCH_PLUGINS`` so that the
     processes this one starts (torchrun's) import them too."""
     names = [n for n in names if n]
-    current = plugin_names(os.environ.get(PLUGINS_VARIABLE))
-    os.environ[PLUGINS_VARIABLE] = ",".join(current + [n for n in names if n not in current])
     load_plugins(names)
+    current = plugin_names(os.environ.get(PLUGINS_VARIABLE))
+    if names:
+        os.environ[PLUGINS_VARIABLE] = ",".join(current + [n for n in names if n not in current])
 
 
 def load_plugins(names: Iterable[str] | None = None) -> None:
@@ -110,10 +111,19 @@ def _import_plugin(name: str) -> None:
         path = Path(name).resolve()
         if not path.is_file():
             raise PluginError(f"plugin {name!r}: no such file")
+        other = sys.modules.get(path.stem)
+        if other is not None:
+            where = getattr(other, "__file__", None) or "built into Python"
+            raise PluginError(f"plugin {name!r}: a module named {path.stem!r} is already imported ({where}); "
+                              f"rename the file")
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = module
-        spec.loader.exec_module(module)
+        sys.modules[path.stem] = module          # a real module: pickling and FlexAttention's tracing import it
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(path.stem, None)
+            raise
         return
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())               # as ``python -m`` would: a module beside the user

@@ -12,8 +12,8 @@ import sys
 
 import typer
 
-from posbench.cli import bench, compare, export, extend, ls, run, score
-from posbench.cli.common import err
+from posbench.cli import bench, check, compare, export, extend, ls, run, score
+from posbench.cli.common import err, user_errors
 
 app = typer.Typer(
     name="posbench", add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
@@ -22,7 +22,23 @@ app = typer.Typer(
          "[bold]Examples[/bold]\n\n"
          "  posbench run --encoding rope,tape --task arithmetic\n\n"
          "  posbench compare results --plots figures\n\n"
-         "  posbench ls encodings")
+         "  posbench ls encodings\n\n"
+         "  posbench --plugins my_encoding run --encoding mine --task arithmetic")
+
+
+
+@app.callback()
+def plugins(modules: list[str] = typer.Option(
+        [], "--plugins", metavar="MODULE",
+        help="import MODULE (a module name, or a .py file) before the command: its encodings, tasks and methods "
+             "register themselves; repeatable or comma-separated; also the environment variable POSBENCH_PLUGINS."
+        )) -> None:
+    """Compare positional encodings for transformer LMs."""
+    from posbench.registry import add_plugins, plugin_names
+
+    with user_errors():
+        add_plugins([name for value in modules for name in plugin_names(value)])
+
 
 app.command("run", epilog=run.RUN_EPILOG)(run.run)
 app.command("ls", epilog=ls.LS_EPILOG)(ls.ls)
@@ -31,6 +47,7 @@ app.command("compare", epilog=compare.COMPARE_EPILOG)(compare.compare)
 app.command("score", epilog=score.SCORE_EPILOG)(score.score)
 app.command("bench", epilog=bench.BENCH_EPILOG)(bench.bench)
 app.command("export", epilog=export.EXPORT_EPILOG)(export.export)
+app.command("check", epilog=check.CHECK_EPILOG)(check.check)
 
 
 # ---- entry point -------------------------------------------------------------------------------------------
