@@ -105,5 +105,8 @@ def models_table(runs: list[RunRecord]) -> TaskTable:
                 shown = [f"{k}={grouping.show(v)}" for k, v in a.items()
                          if not k.startswith("encoding.") and k != "init"]
                 notes.append(f"{task}#{i + 1}: {', '.join(shown)}")
+    for task in sorted({str(r.task) for r in runs}):
+        line = grouping.versions_note(task, [r for r in runs if str(r.task) == task])
+        notes += [line] if line else []
     return TaskTable("models", None, columns, hib, rows, runs, title="models (every task's metrics)",
                      grouped=True, notes=notes, kind="models", row_header="model")

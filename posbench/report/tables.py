@@ -21,7 +21,7 @@ def build_table(task: str, runs: list[RunRecord], *, by_run: bool = False) -> Ta
         apart, differing = grouping.distinguishing(groups)
         rows = [group_row(group, columns, grouping.label(str(group[0].encoding), a), a)
                 for group, a in zip(groups, apart)]
-        notes = []
+        notes = [line for line in [grouping.versions_note(task, runs)] if line]
         if differing:
             notes.append(f"rows differ in {', '.join(differing)} (besides the encoding); every other setting "
                          "is equal")
