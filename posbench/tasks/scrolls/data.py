@@ -37,8 +37,6 @@ DATASETS = ("gov_report", "summ_screen_fd", "qmsum", "narrative_qa", "qasper", "
 QUERY_DATASETS = frozenset({"qmsum", "narrative_qa", "qasper", "quality", "contract_nli"})
 SUMMARY_DATASETS = frozenset({"gov_report", "summ_screen_fd"})
 HUB_NAME = "tau/scrolls"
-FIELDS = ("id", "pid", "input", "output")
-
 WHAT_TO_PASS = ("pass local copies with --data DIR laid out as DIR/<dataset>/{train,validation}.jsonl "
                 "(rows with id, pid, input, output)")
 
@@ -117,14 +115,6 @@ class _Merger:
         return Example(id=key, pid=str(row.get("pid", key)), input=input_text,
                        outputs=[str(output)] if output is not None else [], question=question, text=text,
                        extra=extra)
-
-
-def merge_duplicates(rows, dataset: str) -> list[Example]:
-    """Keep the first row per id; collect every row's ``output`` into ``outputs``."""
-    merger = _Merger(dataset)
-    for row in rows:
-        merger.add(row)
-    return list(merger.by_id.values())
 
 
 def split_digest(examples: list[Example]) -> str:
