@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posbench.bias import ScoreBias, tensor_score_mod
+from posbench.bias import ScoreBias, table_score_mod, tensor_score_mod
 from posbench.errors import UserError
 from posbench.query_blocks import CAUSAL_BLOCK, biased_query_blocks, causal_mask, causal_query_blocks
 
@@ -99,21 +99,40 @@ def check_positions(bias: Bias, q_pos: Tensor | None, k_pos: Tensor | None) -> N
 
 @backend("eager")
 def eager_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None) -> Tensor:
+    return masked_attention(q, k, v, as_tensor(bias, q, q_pos, k_pos), causal_mask(q.shape[-2], k.shape[-2], q.device))
+
+
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, visible: Tensor) -> Tensor:
+    """Explicit scores, plus the bias, keys where ``visible`` is False masked, softmax, values: scores, bias and
+    softmax in float32 at least (a bias is never rounded to a half type)."""
     dtype = torch.promote_types(q.dtype, torch.float32)      # float32 softmax for half types; float64 stays
     scores = (q @ k.transpose(-2, -1)).to(dtype) / math.sqrt(q.shape[-1])
-    bias = as_tensor(bias, q, q_pos, k_pos)
     if bias is not None:
         scores = scores + bias.to(dtype)
-    scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    scores = scores.masked_fill(~visible, float("-inf"))
     return torch.softmax(scores, dim=-1).to(v.dtype) @ v
+
+
+def slot_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, q_slots: Tensor) -> Tensor:
+    """Queries at key indices ``q_slots [Nq]`` (a device tensor) over every slot of a static cache ``k [B, H, C,
+    D]``: key j is visible to query i when j <= q_slots[i]. The shapes never change with the slots, so one
+    compiled graph serves every decoding step; explicit scores (gpt-fast decodes with the math path too)."""
+    visible = torch.arange(k.shape[-2], device=k.device) <= q_slots[:, None]
+    return masked_attention(q, k, v, bias, visible)
+
+
+def low_precision(t: Tensor) -> bool:
+    return t.is_floating_point() and t.element_size() < 4
 
 
 @backend("sdpa")
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None) -> Tensor:
     nq, nk = q.shape[-2], k.shape[-2]
-    if bias is not None and q.device.type == "cpu" and nq >= 2 * CAUSAL_BLOCK:
+    if bias is not None and (q.device.type == "cpu" or low_precision(q)) and nq >= 2 * CAUSAL_BLOCK:
         check_positions(bias, q_pos, k_pos)
         return biased_query_blocks(q, k, v, bias, q_pos, k_pos, nq // CAUSAL_BLOCK)
+    if bias is not None and low_precision(q):   # SDPA takes a float mask in q's dtype only: the bias would be
+        return eager_attention(q, k, v, bias, q_pos, k_pos)     # rounded to bf16 (0.125 apart at 16..32)
     bias = as_tensor(bias, q, q_pos, k_pos)
     if bias is None and nq == nk and q.device.type == "cpu" and v.shape[-1] != q.shape[-1] and nq >= 2 * CAUSAL_BLOCK:
         return causal_query_blocks(q, k, v, min(8, nq // CAUSAL_BLOCK))
@@ -144,20 +163,42 @@ def padded(n: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _cached_block_mask(nq: int, nk: int, device: str):
-    return _block_mask(nq, nk, device)
+    return causal_block_mask(nq, nk, device)
 
 
-def _block_mask(nq: int, nk: int, device):
-    """The causal mask of ``nq`` queries over ``nk`` keys (bottom-right aligned), on the padded grid: padded
-    keys are never seen; padded query rows see the real keys (their outputs are sliced off)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
+def causal_mask_mod(nq: int, nk: int):
+    """The causal ``mask_mod`` of ``nq`` queries over ``nk`` keys (bottom-right aligned), on the padded grid:
+    padded keys are never seen; padded query rows see the real keys (their outputs are sliced off)."""
     offset = nk - nq
 
     def causal(b, h, q_idx, kv_idx):
         return (q_idx + offset >= kv_idx) & (kv_idx < nk)
+    return causal
 
-    return create_block_mask(causal, None, None, padded(nq), padded(nk), device=device)
+
+def causal_block_mask(nq: int, nk: int, device):
+    """The ``BlockMask`` of ``causal_mask_mod``, built from block indices: which key blocks each query block sees
+    whole (below the diagonal) and which in part (the diagonal's), from the blocks' first and last rows and keys,
+    so nothing of size Nq x Nk is made (``create_block_mask`` evaluates the mask on every pair: N x N
+    temporaries, +717 MiB at 8,192 tokens). The same block lists as ``create_block_mask``."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    offset = nk - nq
+    rows = torch.arange(0, padded(nq), FLEX_BLOCK, device=device)[:, None]      # each query block's first row
+    keys = torch.arange(0, padded(nk), FLEX_BLOCK, device=device)[None, :]      # each key block's first key
+    some = (keys <= rows + FLEX_BLOCK - 1 + offset) & (keys < nk)    # its first key seen by the block's last row
+    whole = (keys + FLEX_BLOCK - 1 <= rows + offset) & (keys + FLEX_BLOCK - 1 < nk)   # its last key by the first
+    partial = some & ~whole
+    return BlockMask.from_kv_blocks(*block_lists(partial), *block_lists(whole), BLOCK_SIZE=FLEX_BLOCK,
+                                    mask_mod=causal_mask_mod(nq, nk), seq_lengths=(padded(nq), padded(nk)))
+
+
+def block_lists(dense: Tensor) -> tuple[Tensor, Tensor]:
+    """A ``[Q, K]`` block-level mask as FlexAttention's lists: the count of key blocks per query block ``[1, 1,
+    Q]`` and their indices in ascending order first ``[1, 1, Q, K]`` (int32)."""
+    count = dense.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~dense).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return count[None, None], order[None, None]
 
 
 def pad_rows(x: Tensor, length: int, dim: int = -2) -> Tensor:
@@ -206,12 +247,15 @@ def flex_function(cuda: bool):
 
 
 @backend("flex")
-def flex_attention_backend(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None) -> Tensor:
+def flex_attention_backend(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None,
+                           aligned: bool = False) -> Tensor:
     nq, nk = q.shape[-2], k.shape[-2]
     pq, pk = padded(nq), padded(nk)
     compiling = torch.compiler.is_compiling()
-    block_mask = _block_mask(nq, nk, q.device) if compiling else _cached_block_mask(nq, nk, str(q.device))
-    if isinstance(bias, ScoreBias):
+    block_mask = causal_block_mask(nq, nk, q.device) if compiling else _cached_block_mask(nq, nk, str(q.device))
+    if isinstance(bias, ScoreBias) and bias.relative and aligned:    # one table read per score
+        score_mod = table_score_mod(bias.distance_table(q.shape[1], nk, q.device), nk - nq)
+    elif isinstance(bias, ScoreBias):
         score_mod = bias.score_mod(pad_positions(q_pos, pq), pad_positions(k_pos, pk))
     elif bias is not None:
         score_mod = tensor_score_mod(pad_rows(pad_rows(bias, pk, -1), pq, -2))
@@ -291,12 +335,17 @@ def check_encoding_backend(name: str, encoding: str, contextual: bool) -> None:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, bias: Bias = None, backend_name: str = "auto", *,
-           q_pos: Tensor | None = None, k_pos: Tensor | None = None, contextual: bool = False) -> Tensor:
-    """``contextual``: ``bias`` is a tensor computed from q and k (see the module docstring)."""
+           q_pos: Tensor | None = None, k_pos: Tensor | None = None, contextual: bool = False,
+           aligned: bool = False) -> Tensor:
+    """``contextual``: ``bias`` is a tensor computed from q and k (see the module docstring). ``aligned``: the
+    positions are consecutive and bottom-right aligned (query i at key Nk - Nq + i, the model's own positions),
+    so FlexAttention reads a relative ``ScoreBias`` from a per-distance table."""
     needs_grad = torch.is_grad_enabled() and (
         any(t.requires_grad for t in (q, k, v)) or
         (isinstance(bias, Tensor) and bias.requires_grad) or
         (isinstance(bias, ScoreBias) and any(t.requires_grad for t in bias.tensors)))
     name = resolve_backend(backend_name, bias is not None, q.device, needs_grad, q.shape[-1], v.shape[-1],
                            q.shape[-2], contextual)
+    if name == "flex":
+        return flex_attention_backend(q, k, v, bias, q_pos, k_pos, aligned)
     return BACKENDS[name](q, k, v, bias, q_pos, k_pos)

@@ -25,6 +25,19 @@ same values, at O(Nq + Nk) evaluations instead of O(Nq Nk) (KERPLE's logarithm, 
 being one copy forward and one windowed sum backward. Other positions, and code being compiled (where the
 element-wise form fuses anyway, and a check of the positions' values would break the graph), take the
 element-wise path.
+
+Precision. A bias is computed in float32 at least, whatever autocast does: the model asks for it with autocast
+off, and its tensors are read widened to float32 when they are narrower (a model cast to bfloat16), so that no
+position, distance or bias value is rounded to bfloat16 (8 bits of mantissa: positions above 256, or ALiBi's
+bias at distance 8,000, would be). Only the sum with the scores follows the attention's compute dtype.
+
+Per-distance tables. A relative bias over shared consecutive positions (query i is key Nk - Nq + i, the
+model's own positions) is one value per head and distance: ``distance_table`` evaluates ``fn`` once per
+distance 0..Nk - 1 with ordinary autograd, and the attention kernel reads one entry per score
+(``table_score_mod``, a single code object for every encoding: FlexAttention compiles it once per length;
+the static decoding cache gathers one row per token). Gradients reach the encoding's tensors through the
+table, so the kernel's backward adds each score's gradient into one of Nk entries per head instead of into
+a handful of parameters shared by every score.
 """
 
 from __future__ import annotations
@@ -45,6 +58,10 @@ class ScoreBias:
     relative: bool = False              # fn reads the positions only through q_pos - k_pos
     relative_below: Tensor | None = None   # ... at least while every query position is below this ([1])
 
+    def wide_tensors(self) -> tuple[Tensor, ...]:
+        """The tensors ``fn`` reads, floating ones narrower than float32 widened to it (a no-op otherwise)."""
+        return tuple(wide(t) for t in self.tensors)
+
     def materialise(self, n_heads: int, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The bias ``[B or 1, H, Nq, Nk]`` for positions ``[B or 1, Nq]`` and ``[B or 1, Nk]``."""
         head = torch.arange(n_heads, device=q_pos.device).view(1, n_heads, 1, 1)
@@ -52,7 +69,7 @@ class ScoreBias:
                 and not torch.compiler.is_compiling() and consecutive(q_pos[0]) and consecutive(k_pos[0]) \
                 and self.relative_at(q_pos):
             return self.toeplitz(head, q_pos[0], k_pos[0])
-        bias = self.fn(head, q_pos[:, None, :, None], k_pos[:, None, None, :], *self.tensors)
+        bias = self.fn(head, q_pos[:, None, :, None], k_pos[:, None, None, :], *self.wide_tensors())
         batch = max(q_pos.shape[0], k_pos.shape[0])
         return bias.expand(batch, n_heads, q_pos.shape[-1], k_pos.shape[-1])
 
@@ -70,13 +87,23 @@ class ScoreBias:
         nq, nk = q_pos.shape[0], k_pos.shape[0]
         distances = (q_pos[0] - k_pos[0]) + (nq - 1) - torch.arange(nq + nk - 1, device=q_pos.device)
         values = self.fn(head, distances.view(1, 1, 1, -1), torch.zeros_like(distances[:1]).view(1, 1, 1, 1),
-                         *self.tensors)[:, :, 0]                      # [1, H or 1, Nq + Nk - 1]
+                         *self.wide_tensors())[:, :, 0]               # [1, H or 1, Nq + Nk - 1]
         return ToeplitzLayout.apply(values, nq, nk).expand(1, head.shape[1], nq, nk)
+
+    def distance_table(self, n_heads: int, n: int, device) -> Tensor:
+        """``[H, n]``: the bias of every head at distances 0..n-1 (a relative bias only), evaluated once per
+        distance with ordinary autograd; float32 at least."""
+        if not self.relative:
+            raise ValueError("a per-distance table needs a relative bias (relative=True)")
+        distances = torch.arange(n, device=device)
+        head = torch.arange(n_heads, device=device).view(n_heads, 1)
+        values = self.fn(head, distances.view(1, n), torch.zeros_like(distances[:1]).view(1, 1), *self.wide_tensors())
+        return values.expand(n_heads, n)
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor):
         """A FlexAttention ``score_mod`` adding the bias; query / key indices map to positions through
         ``q_pos`` / ``k_pos`` (``[B or 1, N]``)."""
-        fn, tensors = self.fn, self.tensors
+        fn, tensors = self.fn, self.wide_tensors()
         if q_pos.shape[0] != k_pos.shape[0]:                  # one of them shared by every row
             batch = max(q_pos.shape[0], k_pos.shape[0])
             q_pos, k_pos = q_pos.expand(batch, -1), k_pos.expand(batch, -1)
@@ -124,6 +151,30 @@ class ToeplitzLayout(torch.autograd.Function):
         repeated[..., :nq - 1].zero_()
         repeated[..., nq - 1 + nq * width:].zero_()
         return repeated.view(*grad.shape[:2], nq, nq + nk - 1).sum(2), None, None
+
+
+def wide(t: Tensor) -> Tensor:
+    """``t`` in float32 if it is a floating tensor narrower than that (bfloat16, float16); else ``t`` itself."""
+    return t.float() if t.is_floating_point() and t.element_size() < 4 else t
+
+
+def table_score_mod(table: Tensor, offset: int):
+    """A ``score_mod`` reading a per-distance table ``[H, T]`` (``ScoreBias.distance_table``) for queries and keys
+    at consecutive positions, query i at key ``offset + i``: distance ``offset + q_idx - kv_idx``, clamped into
+    the table (entries outside it are masked keys or padded query rows). One gather per score."""
+    last = table.shape[-1] - 1
+
+    def read(score, b, h, q_idx, kv_idx):
+        return score + table[h, torch.clamp(q_idx - kv_idx + offset, 0, last)]
+    return read
+
+
+def table_rows(table: Tensor, q_slots: Tensor, n_keys: int) -> Tensor:
+    """The bias ``[1, H, Nq, Nk]`` of queries at key indices ``q_slots [Nq]`` over keys 0..Nk-1, read from a
+    per-distance table ``[H, T]``: entry (i, j) is the table at distance ``q_slots[i] - j`` (clamped into it: the
+    keys a query may not see read the last or first entry)."""
+    distances = q_slots[:, None] - torch.arange(n_keys, device=q_slots.device)
+    return table[:, distances.clamp(0, table.shape[-1] - 1)][None]
 
 
 def consecutive(pos: Tensor) -> bool:

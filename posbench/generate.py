@@ -1,4 +1,5 @@
-"""Greedy decoding with a preallocated KV cache.
+"""Greedy decoding with a KV cache: a growing one (``KVCache``), and a static one for compiled decoding
+(``StaticCache``, ``Decoder``).
 
 Each layer caches its (rotated) keys, its values and, appended to them, whatever the encoding aggregates
 with the values (TAPE's per-token state at that layer's input), plus the key positions for position-dependent
@@ -7,6 +8,18 @@ key. ``KVCache.memory`` is the encoding's own dict between calls (Abacus: each r
 token, so a digit continues the count of the number it extends). Because every positional state is causal, a cached token's entries never change, so a new token costs
 one token of work. The buffers are allocated once for the whole generation (prompt + new tokens) and written
 in place; a cache used past its capacity doubles it (amortised, never per token).
+
+Compiled decoding (gpt-fast's pattern). A ``KVCache`` hands attention views ``[:end]`` whose shape changes
+every token, so a compiled step would recompile (or run dynamic shapes) and CUDA graphs cannot apply. A
+``StaticCache`` has buffers of one fixed capacity per layer (keys, values, key positions), allocated by the
+first call (the prompt), and the next token's slot as a device tensor: a one-token step writes its key at that
+slot (``index_copy_``), attends over every slot with the slots after it masked, reads a relative bias from the
+layer's per-distance table (built once, by the prompt's call, not per token) and advances the slot in place,
+so every step has the same shapes and reads no Python number that changes: ``Decoder`` compiles that step once
+(``fullgraph``; ``mode="reduce-overhead"`` on CUDA captures it as a CUDA graph) and reuses it, and its cache,
+for every token and every call of the same batch size and capacity. An empty slot's key position is
+``UNWRITTEN``; a bias computed from q and k ignores such keys (CoPE counts no gate for them). A static cache is
+for inference: its tables hold no gradient.
 """
 
 from __future__ import annotations
@@ -18,6 +31,11 @@ from torch import Tensor
 
 #: decoding checks whether every row has emitted EOS once per this many tokens (each check waits for the GPU)
 EOS_CHECK_EVERY = 8
+#: the key position of a static cache's empty slot (above every real position)
+UNWRITTEN = 2**31 - 1
+#: a static cache's capacity is rounded up to a multiple of this, so that calls of nearby lengths share one
+#: compiled step
+CAPACITY_STEP = 256
 
 
 def shared_rows(positions: Tensor) -> bool:
@@ -70,9 +88,188 @@ class KVCache:
     length: int = 0
     layers: list[LayerCache] = field(default_factory=list)
     memory: dict[str, Tensor] = field(default_factory=dict)     # the encoding's, between calls
+    consecutive: bool = True            # every key so far at the model's own positions (0, 1, 2, ...)
 
     def __post_init__(self):
         self.layers = [LayerCache(self.capacity) for _ in range(self.n_layers)]
+
+
+class StaticLayerCache:
+    """One layer's buffers in a ``StaticCache``: keys ``[B, H, C, D]``, values ``[B, H, C, Dv]``, key positions
+    ``[B or 1, C]`` (``UNWRITTEN`` where empty) and the layer's per-distance bias table ``[H, C]`` (or None)."""
+
+    def __init__(self, cache: "StaticCache"):
+        self.cache = cache
+        self.keys: Tensor | None = None
+        self.values: Tensor | None = None
+        self.positions: Tensor | None = None
+        self.table: Tensor | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the buffers exist (the first call allocates them; one-token steps need them)."""
+        return self.keys is not None
+
+    def append(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Several tokens (the prompt): written after the cached ones (their count read on the host); views of
+        every cached key, as ``LayerCache.append``."""
+        start, n = self.cache.length, k.shape[2]
+        end = start + n
+        if shared_rows(positions):
+            positions = positions[:1]
+        if self.keys is None:
+            self._allocate(k, v, positions)
+        if end > self.keys.shape[2]:
+            raise ValueError(f"a static cache of capacity {self.keys.shape[2]} cannot hold {end} tokens")
+        if positions.shape[0] > self.positions.shape[0]:
+            raise ValueError("a static cache keeps the positions its first call had: one row for all, or one each")
+        self.keys[:, :, start:end] = k
+        self.values[:, :, start:end] = v
+        self.positions[:, start:end] = positions
+        return self.keys[:, :, :end], self.values[:, :, :end], self.positions[:, :end]
+
+    def write_one(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One token per row at the cache's next slot (a device index: no host read); returns every slot's keys,
+        values and key positions, and the slot ``[1]``."""
+        slot = self.cache.position.view(1)
+        if shared_rows(positions):
+            positions = positions[:1]
+        self.keys.index_copy_(2, slot, k.to(self.keys.dtype))
+        self.values.index_copy_(2, slot, v.to(self.values.dtype))
+        self.positions.index_copy_(1, slot, positions.expand(self.positions.shape[0], 1))
+        return self.keys, self.values, self.positions, slot
+
+    def _allocate(self, k: Tensor, v: Tensor, positions: Tensor) -> None:
+        b, h, _, d = k.shape
+        capacity = self.cache.capacity
+        self.keys = k.new_zeros(b, h, capacity, d)
+        self.values = v.new_zeros(b, h, capacity, v.shape[-1])
+        self.positions = torch.full((positions.shape[0], capacity), UNWRITTEN, dtype=positions.dtype,
+                                    device=positions.device)
+        for buffer in (self.keys, self.values, self.positions):
+            static_address(buffer)
+
+    def set_table(self, table: Tensor) -> None:
+        """The layer's per-distance table ``[H, >= C]`` for one-token steps (written into the same buffer when
+        there is one, so a compiled step keeps reading it)."""
+        table = table[:, :self.cache.capacity].detach()
+        if self.table is not None and self.table.shape == table.shape and self.table.dtype == table.dtype:
+            self.table.copy_(table)
+        else:
+            self.table = table.clone()
+            static_address(self.table)
+
+    def clear(self) -> None:
+        if self.positions is not None:
+            self.positions.fill_(UNWRITTEN)
+
+
+class StaticCache:
+    """A KV cache of fixed capacity for compiled decoding (see the module docstring). ``length`` reads the
+    next slot from the device (a host sync; one-token steps never read it)."""
+
+    def __init__(self, n_layers: int, capacity: int, device: torch.device | str):
+        if capacity < 1:
+            raise ValueError("a static cache needs a capacity of at least one token")
+        self.capacity = capacity
+        self.position = torch.zeros((), dtype=torch.long, device=device)   # the next token's slot
+        static_address(self.position)
+        self.layers = [StaticLayerCache(self) for _ in range(n_layers)]
+        self.memory: dict[str, Tensor] = {}
+        self.consecutive = True
+
+    @property
+    def length(self) -> int:
+        return int(self.position)
+
+    @property
+    def ready(self) -> bool:
+        return all(layer.ready for layer in self.layers)
+
+    def next_positions(self, n: int) -> Tensor:
+        """The model's own positions of the next ``n`` tokens ``[n]``, from the device slot."""
+        return self.position + torch.arange(n, device=self.position.device)
+
+    def advance(self, n: int) -> None:
+        self.position.add_(n)
+
+    def reset(self) -> None:
+        """Empty, keeping the buffers (so a compiled step keeps its graph)."""
+        self.position.zero_()
+        self.memory.clear()
+        self.consecutive = True
+        for layer in self.layers:
+            layer.clear()
+
+
+def static_address(t: Tensor) -> None:
+    """Tell the compiler that ``t`` keeps its address (a CUDA graph may then write into it in place)."""
+    mark = getattr(torch._dynamo, "mark_static_address", None)
+    if mark is not None and t.is_cuda:
+        mark(t)
+
+
+def next_token(model, token: Tensor, cache) -> Tensor:
+    """One greedy step: the next token ``[B]`` after ``token [B, 1]`` (what ``Decoder`` compiles)."""
+    return model(token, cache=cache)[:, -1].argmax(-1)
+
+
+class Decoder:
+    """Greedy decoding with a ``StaticCache``: the prompt in one eager call, then one step per token, compiled
+    once when ``compile`` is set (True: ``torch.compile``'s defaults; a dict: its options, e.g.
+    ``{"mode": "reduce-overhead"}`` for CUDA graphs or ``{"backend": ...}``). Caches are kept per batch size and
+    capacity (rounded up to ``CAPACITY_STEP``) and reused, so repeated calls run the same compiled step."""
+
+    def __init__(self, model, compile: bool | dict = False):
+        self.model = model
+        options = {} if compile is True else dict(compile or {})
+        self.compiled = bool(compile)
+        self.step = torch.compile(next_token, fullgraph=True, **options) if compile else next_token
+        self.caches: dict[tuple[int, int, str], StaticCache] = {}
+
+    def cache_for(self, batch: int, capacity: int, device: torch.device) -> StaticCache:
+        capacity = -(-capacity // CAPACITY_STEP) * CAPACITY_STEP
+        key = (batch, capacity, str(device))
+        if key not in self.caches:
+            self.caches[key] = self.model.new_static_cache(capacity, device)
+        cache = self.caches[key]
+        cache.reset()
+        return cache
+
+    def prefill(self, prompt: Tensor, extra: int) -> tuple[StaticCache, Tensor]:
+        """A cache for the prompt and ``extra`` more tokens, and the first new token ``[B]``."""
+        cache = self.cache_for(prompt.shape[0], prompt.shape[1] + extra, prompt.device)
+        return cache, self.model(prompt, cache=cache)[:, -1].argmax(-1)
+
+    def next(self, token: Tensor, cache: StaticCache) -> Tensor:
+        """The token after ``token [B]`` (one compiled step)."""
+        if self.compiled and token.is_cuda:
+            torch.compiler.cudagraph_mark_step_begin()
+        return self.step(self.model, token[:, None], cache).clone()
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, max_new_tokens: int, eos_id: int | None = None) -> Tensor:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            b = prompt.shape[0]
+            new = prompt.new_full((b, max_new_tokens), eos_id if eos_id is not None else 0)
+            if max_new_tokens == 0:
+                return new
+            cache, nxt = self.prefill(prompt, max_new_tokens)
+            done = torch.zeros(b, dtype=torch.bool, device=prompt.device)
+            for step in range(max_new_tokens):
+                if step > 0:
+                    nxt = self.next(nxt, cache)
+                if eos_id is not None:
+                    nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+                    done |= nxt == eos_id
+                new[:, step] = nxt
+                if eos_id is not None and (step + 1) % EOS_CHECK_EVERY == 0 and bool(done.all()):
+                    break
+            return new
+        finally:
+            self.model.train(was_training)
 
 
 def greedy_generate(model, prompt: Tensor, max_new_tokens: int, eos_id: int | None = None,

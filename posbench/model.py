@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posbench.attention import BACKENDS, attend
+from posbench.attention import BACKENDS, attend, slot_attention
+from posbench.bias import ScoreBias, table_rows
 from posbench.encodings import ENCODINGS
-from posbench.generate import KVCache, LayerCache, greedy_generate, shared_rows
+from posbench.generate import Decoder, KVCache, LayerCache, StaticCache, StaticLayerCache, greedy_generate, shared_rows
 from posbench.options import OneOf, OptionError, at_least, check_fields, option, positive
 
 
@@ -52,6 +53,14 @@ class ModelConfig:
         return asdict(self)
 
 
+def default_positions(n: int, device: torch.device, cache: Any) -> Tensor:
+    """0..N-1, or after the cached tokens (a static cache's from its device slot: no host read)."""
+    if isinstance(cache, StaticCache):
+        return cache.next_positions(n)
+    start = cache.length if cache is not None else 0
+    return torch.arange(start, start + n, device=device)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -70,13 +79,26 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def forward(self, x: Tensor, state: Any, positions: Tensor, pe, cache: LayerCache | None):
+    def forward(self, x: Tensor, state: Any, positions: Tensor, pe, cache: LayerCache | None,
+                aligned: bool = False):
+        """``aligned``: the positions are the model's own (query i is key Nk - Nq + i at distance Nk - Nq + i - j
+        from key j), so a relative bias can be read from a per-distance table."""
         b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = pe.rotate(self.layer, q, k, state)
         extra = pe.state_values(self.layer, state)
         if extra is not None:                       # aggregated by the same attention weights as v
             v = torch.cat((v, extra.to(v.dtype)), dim=-1)
+        if isinstance(cache, StaticLayerCache) and n == 1 and cache.ready:
+            y = self.one_step(q, k, v, positions, pe, cache, aligned)
+        else:
+            y = self.attend(q, k, v, positions, pe, cache, aligned)
+        y, aggregated = y[..., :self.head_dim], y[..., self.head_dim:]
+        if extra is not None:
+            state = pe.after_attention(self.layer, state, aggregated)
+        return self.out(y.transpose(1, 2).reshape(b, n, -1)), state
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, pe, cache, aligned: bool) -> Tensor:
         q_pos = k_pos = positions
         if cache is not None:
             k, v, k_pos = cache.append(k, v, positions)
@@ -85,12 +107,32 @@ class Attention(nn.Module):
         if pe.has_context_bias:                     # computed from q and every key: a tensor
             bias = pe.context_bias(self.layer, q, k, q_pos, k_pos)
         else:
-            bias = pe.score_bias(self.layer)
-        y = attend(q, k, v, bias, self.backend, q_pos=q_pos, k_pos=k_pos, contextual=pe.has_context_bias)
-        y, aggregated = y[..., :self.head_dim], y[..., self.head_dim:]
-        if extra is not None:
-            state = pe.after_attention(self.layer, state, aggregated)
-        return self.out(y.transpose(1, 2).reshape(b, n, -1)), state
+            bias = full_precision_bias(pe, self.layer, q.device)
+            if isinstance(cache, StaticLayerCache) and aligned and bias is not None and bias.relative:
+                with torch.no_grad():               # what the one-token steps read: built once, here
+                    cache.set_table(bias.distance_table(self.n_heads, cache.cache.capacity, q.device))
+        return attend(q, k, v, bias, self.backend, q_pos=q_pos, k_pos=k_pos, contextual=pe.has_context_bias,
+                      aligned=aligned)
+
+    def one_step(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, pe, cache: StaticLayerCache,
+                 aligned: bool) -> Tensor:
+        """One token against every slot of a static cache: the same shapes at every step, no host read."""
+        k, v, k_pos, slot = cache.write_one(k, v, positions)
+        q_pos = positions[:1] if shared_rows(positions) else positions
+        if pe.has_context_bias:
+            bias = pe.context_bias(self.layer, q, k, q_pos, k_pos)
+        elif aligned and cache.table is not None:
+            bias = table_rows(cache.table, slot, k.shape[2])
+        else:
+            score_bias = full_precision_bias(pe, self.layer, q.device)
+            bias = None if score_bias is None else score_bias.materialise(self.n_heads, q_pos, k_pos)
+        return slot_attention(q, k, v, bias, slot)
+
+
+def full_precision_bias(pe, layer: int, device: torch.device) -> ScoreBias | None:
+    """The layer's ``ScoreBias``, its tables built with autocast off (float32: no position or bias in bf16)."""
+    with torch.autocast(device.type, enabled=False):
+        return pe.score_bias(layer)
 
 
 class SwiGLU(nn.Module):
@@ -113,8 +155,9 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x: Tensor, state: Any, positions: Tensor, pe, cache: LayerCache | None = None):
-        h, state = self.attn(self.attn_norm(x), state, positions, pe, cache)
+    def forward(self, x: Tensor, state: Any, positions: Tensor, pe, cache: LayerCache | None = None,
+                aligned: bool = False):
+        h, state = self.attn(self.attn_norm(x), state, positions, pe, cache, aligned)
         x = x + h
         m = self.mlp(self.mlp_norm(x))
         state = pe.after_mlp(self.layer, state, m)   # TAPE's update is fed by the MLP output
@@ -148,16 +191,21 @@ class Transformer(nn.Module):
         """tokens ``[B, N]`` -> logits ``[B, N, vocab]``. ``positions``: ``[N]`` or ``[B, N]``; by default
         0..N-1, continuing after the cached tokens when a ``cache`` is given."""
         b, n = tokens.shape
+        aligned = positions is None and getattr(cache, "consecutive", cache is None)
         if positions is None:
-            start = cache.length if cache is not None else 0
-            positions = torch.arange(start, start + n, device=tokens.device)
+            positions = default_positions(n, tokens.device, cache)
+        elif hasattr(cache, "consecutive"):
+            cache.consecutive = False
         positions = positions.to(tokens.device).expand(b, n) if positions.dim() == 1 else positions
         state = self.encoding.init_state(positions)
         state = self.encoding.read_tokens(tokens, state, cache.memory if cache is not None else None)
         x = self.encoding.embed(self.embed(tokens), state)
         for i, block in enumerate(self.blocks):
-            x, state = block(x, state, positions, self.encoding, cache.layers[i] if cache is not None else None)
-        if cache is not None:
+            x, state = block(x, state, positions, self.encoding, cache.layers[i] if cache is not None else None,
+                             aligned)
+        if isinstance(cache, StaticCache):
+            cache.advance(n)
+        elif cache is not None:
             cache.length += n
         return self.lm_head(self.norm(x))
 
@@ -165,11 +213,24 @@ class Transformer(nn.Module):
         """An empty KV cache; ``capacity`` (tokens) preallocates it (it grows by doubling if exceeded)."""
         return KVCache(self.config.n_layers, capacity)
 
+    def new_static_cache(self, capacity: int, device: torch.device | str | None = None) -> StaticCache:
+        """A static cache of ``capacity`` tokens for compiled decoding (``posbench.generate``)."""
+        device = device if device is not None else self.embed.weight.device
+        return StaticCache(self.config.n_layers, capacity, device)
+
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, eos_id: int | None = None,
-                 use_cache: bool = True) -> Tensor:
-        """Greedy decoding; returns ``[B, max_new_tokens]`` new tokens (after EOS: ``eos_id``)."""
-        return greedy_generate(self, prompt, max_new_tokens, eos_id, use_cache)
+                 use_cache: bool = True, compile: bool | dict = False) -> Tensor:
+        """Greedy decoding; returns ``[B, max_new_tokens]`` new tokens (after EOS: ``eos_id``). ``compile``: decode
+        with a static cache and one compiled step for every token (True, or ``torch.compile`` options such as
+        ``{"mode": "reduce-overhead"}``); the compiled step is kept on the model for later calls."""
+        if not (compile and use_cache):
+            return greedy_generate(self, prompt, max_new_tokens, eos_id, use_cache)
+        key = repr(sorted(compile.items())) if isinstance(compile, dict) else "default"
+        decoders = self.__dict__.setdefault("_decoders", {})
+        if key not in decoders:
+            decoders[key] = Decoder(self, compile)
+        return decoders[key].generate(prompt, max_new_tokens, eos_id)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -21,6 +21,14 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """Forget every compiled graph before and after a test (compile tests count the graphs they make)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def builtin_encodings() -> list[str]:
     """Every encoding the package's own folder holds (a file dropped into ``posbench/encodings/`` included): the
     contract tests run on each, so a new one needs no edit here."""

@@ -196,7 +196,7 @@ def test_flex_pads_every_length_to_its_block_and_equals_eager(encoding, nq, nk, 
 def test_flex_block_mask_hides_the_padded_keys():
     from torch.nn.attention.flex_attention import create_mask
 
-    mask = attention._block_mask(3, 5, "cpu")
+    mask = attention.causal_block_mask(3, 5, "cpu")
     assert mask.shape[-2:] == (128, 128)
     dense = create_mask(mask.mask_mod, 1, 1, 128, 128, device="cpu")[0, 0]
     assert dense[:3, :5].tolist() == causal_rows(3, 5)           # the real block: bottom-right causal

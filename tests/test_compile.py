@@ -18,17 +18,10 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 
-from encoding_helpers import one_thread  # noqa: F401 (a fixture)
+from encoding_helpers import fresh_dynamo, one_thread  # noqa: F401 (fixtures)
 from encoding_helpers import BUILTIN, assert_close, seeded, tiny, tokens
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("one_thread", "fresh_dynamo")
 
 
 @pytest.mark.parametrize("encoding", BUILTIN)

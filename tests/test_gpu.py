@@ -7,6 +7,8 @@ the same weights and inputs, never with another bf16 result (two roundings add u
 eager attention's own bf16 error on the same inputs: a backend passes when its relative error (Frobenius norm
 of the difference over the reference's) is at most ``ERROR_FACTOR`` times eager bf16's, plus 1e-3 absolute
 slack for cases where eager happens to be almost exact. Models use head size 32 (FlexAttention needs 16).
+
+Every test starts from a fresh compiler, and a hit recompile limit fails it (never a silent eager run).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import posbench.attention as attention
+from posbench.tasks.bench import speed
 from posbench.model import ModelConfig, Transformer
 
 from encoding_helpers import BUILTIN, CONTEXTUAL, perturb_cope, perturb_tape, task_context
@@ -25,6 +28,13 @@ pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
 ERROR_FACTOR = 3.0
 BACKENDS = ["eager", "sdpa", "sdpa_split", "flex", "flash_attn"]
+
+
+@pytest.fixture(autouse=True)
+def strict_fresh_compiler():
+    with speed.strict_compilation():
+        speed.fresh_compiler()
+        yield
 
 
 def gpu_model(encoding: str, backend: str, *, layers: int = 2, d_model: int = 128, heads: int = 4,
@@ -159,3 +169,35 @@ def test_cached_decoding_on_cuda_equals_recomputation(encoding):
     cached = model.generate(prompt, max_new_tokens=12)
     full = model.generate(prompt, max_new_tokens=12, use_cache=False)
     assert torch.equal(cached, full)
+
+
+@pytest.mark.parametrize("encoding", BUILTIN)
+def test_compiled_static_decoding_on_cuda_equals_recomputation(encoding):
+    """The static cache's one-token step compiled with CUDA graphs (gpt-fast's reduce-overhead), float32."""
+    model = gpu_model(encoding, "auto")
+    prompt = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(2)).to(CUDA)
+    compiled = model.generate(prompt, max_new_tokens=12, compile={"mode": "reduce-overhead"})
+    again = model.generate(prompt, max_new_tokens=12, compile={"mode": "reduce-overhead"})
+    full = model.generate(prompt, max_new_tokens=12, use_cache=False)
+    assert torch.equal(compiled, full) and torch.equal(again, full)
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "kerple", "sandwich", "fire"])
+def test_flex_in_bf16_adds_the_bias_in_float32_at_8192_tokens(encoding):
+    """The last 128 queries of 8,192 over every key, bf16 autocast: FlexAttention (a per-distance table, FIRE
+    element-wise) within bf16's rounding of the float64 eager reference, as eager bf16 is."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=64, d_model=128, n_layers=1, n_heads=4, max_seq_len=1024,
+                                    encoding=encoding)).to(CUDA).eval()
+    pe = model.encoding
+    generator = torch.Generator(device=CUDA).manual_seed(0)
+    q, k, v = (torch.randn(1, 4, n, 32, device=CUDA, generator=generator) for n in (128, 8192, 8192))
+    q_pos, k_pos = torch.arange(8192 - 128, 8192, device=CUDA)[None], torch.arange(8192, device=CUDA)[None]
+    with torch.no_grad():
+        bias = pe.score_bias(0)
+        ref = attention.attend(q.double(), k.double(), v.double(), bias, "eager", q_pos=q_pos, k_pos=k_pos)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+            eager = attention.attend(qb, kb, vb, bias, "eager", q_pos=q_pos, k_pos=k_pos)
+            flex = attention.attend(qb, kb, vb, bias, "flex", q_pos=q_pos, k_pos=k_pos, aligned=True)
+    assert relative_error(flex, ref) <= ERROR_FACTOR * relative_error(eager, ref) + 1e-3

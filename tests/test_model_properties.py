@@ -233,10 +233,10 @@ def test_a_bias_shared_by_every_row_is_computed_once(monkeypatch):
     seen = []
     plain_attend = model_module.attend
 
-    def spy(q, k, v, bias, backend, q_pos, k_pos, contextual):
+    def spy(q, k, v, bias, backend, q_pos, k_pos, contextual, aligned=False):
         seen.append((tuple(q_pos.shape), tuple(k_pos.shape), tuple(bias.materialise(q.shape[1], q_pos,
                                                                                       k_pos).shape)))
-        return plain_attend(q, k, v, bias, backend, q_pos=q_pos, k_pos=k_pos, contextual=contextual)
+        return plain_attend(q, k, v, bias, backend, q_pos=q_pos, k_pos=k_pos, contextual=contextual, aligned=aligned)
 
     monkeypatch.setattr(model_module, "attend", spy)
     with torch.no_grad():

@@ -34,6 +34,8 @@ def bench(
     mode: str = typer.Option("train", "--mode", help="train (forward, backward, AdamW), forward, or decode "
                              "(ms per new token after a prompt of each length)."),
     compile_: bool = typer.Option(False, "--compile", help="torch.compile the model."),
+    compile_backend: str = typer.Option("inductor", "--compile-backend", help="With --compile: inductor, or eager "
+                                        "/ aot_eager (trace only, to check the graphs; the times mean nothing)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N."),
     attention: str = typer.Option("auto", "--attention", help="Attention backend for every model."),
     steps: int = typer.Option(10, "--steps", help="Timed steps per cell (the median is reported)."),
@@ -60,7 +62,8 @@ def bench(
             raise ConfigError(f"--batch gives {len(batch_given)} values for {len(lengths_given)} lengths; give one, "
                              f"or one per length")
         task = {"encodings": ",".join(split_names(encoding)), "mode": mode, "steps": steps, "warmup": warmup,
-                "lengths": lengths, "batch": batch, "new_tokens": new_tokens or None, "peak_tflops": peak_tflops}
+                "lengths": lengths, "batch": batch, "new_tokens": new_tokens or None, "peak_tflops": peak_tflops,
+                "compile_backend": compile_backend}
         sets = [f"task.{k}={v}" for k, v in task.items() if v is not None]
         sets += [f"train.compile={compile_}", f"train.threads={threads}", f"model.attention={attention}"]
         config = resolve_run_config("bench", None, size, device=device, sets=sets)
@@ -90,16 +93,19 @@ def efficiency_table(record) -> Table:
         info.get("peak_source", "")
     table = Table(title=f"bench {task['mode']}, {record.preset} model, {info['device_name']}, {record.precision}; "
                         f"{info['unit']}, median of {task['steps']}; peak {peak}", title_justify="left")
-    for col in ("encoding", "batch x length", info["unit"], "x RoPE", "tokens/s", "MFU", "peak GiB"):
+    compiled = any(cell.get("compiled") is not None for cell in info["cells"])
+    columns = ["encoding", "batch x length", info["unit"], "x RoPE", "tokens/s", "MFU", "peak GiB"]
+    for col in columns + (["compiled (graphs)"] if compiled else []):
         table.add_column(col, justify="left" if col == "encoding" else "right")
     for cell in info["cells"]:
+        graphs = [f"{'yes' if cell.get('compiled') else 'NO'} ({cell.get('graphs')})"] if compiled else []
         if cell["status"] != "ok":
             table.add_row(cell["encoding"], f"{cell['batch']} x {cell['length']}", cell["status"].upper(),
-                          "-", "-", "-", "-")
+                          "-", "-", "-", "-", *graphs)
             continue
         table.add_row(cell["encoding"], f"{cell['batch']} x {cell['length']}", f"{cell['ms']:.1f}",
                       f"{cell['x_rope']:.2f}" if cell["x_rope"] is not None else "-",
                       f"{cell['tokens_per_s']:,.0f}",
                       f"{100 * cell['mfu']:.1f}%" if cell["mfu"] is not None else "-",
-                      f"{cell['peak_gib']:.1f}" if cell["peak_gib"] is not None else "-")
+                      f"{cell['peak_gib']:.1f}" if cell["peak_gib"] is not None else "-", *graphs)
     return table

@@ -106,7 +106,7 @@ class Abacus(PositionalEncoding):
         carry = memory.get(RUN) if memory is not None else None
         runs = self.digit_runs(tokens, carry)
         if memory is not None:
-            memory[RUN] = runs[:, -1]
+            memory[RUN] = runs[:, -1].clone(memory_format=torch.contiguous_format)   # one stride: one compiled step
         if self.training:
             offset = memory.get(OFFSET) if memory is not None else None
             if offset is None:

@@ -118,7 +118,9 @@ class PositionalEncoding(Configurable, nn.Module):
         """This layer's logit bias computed from the (rotated) queries ``[B, H, Nq, D]`` and every key they may
         see ``[B, H, Nk, D]`` (cached keys included; query i is the (Nk - Nq + i)-th key), as a tensor
         ``[B or 1, H, Nq, Nk]`` of at least float32; positions ``[B or 1, Nq]``, ``[B or 1, Nk]``. Entries right
-        of the causal diagonal are ignored; no value left of it may depend on them."""
+        of the causal diagonal are ignored; no value left of it may depend on them. In a one-token step over a
+        static cache (``posbench.generate.StaticCache``: Nq = 1, k holds every slot) a key whose position is
+        ``posbench.generate.UNWRITTEN`` is an empty slot: its entry is ignored, and no other may depend on it."""
         return None
 
     def state_values(self, layer: int, state: Any) -> Tensor | None:

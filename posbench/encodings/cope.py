@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.encodings.base import PositionalEncoding
+from posbench.generate import UNWRITTEN
 from posbench.options import Option, OptionError, at_least
 
 
@@ -88,7 +89,10 @@ class CoPE(PositionalEncoding):
         dtype = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(q.device.type, enabled=False):
             q_rev = q.to(dtype).flip(-2) * (1.0 / math.sqrt(self.head_dim))
-            positions = reversed_positions(q_rev @ k.to(dtype).flip(-2).transpose(-2, -1), self.npos_max)
+            logits = q_rev @ k.to(dtype).flip(-2).transpose(-2, -1)
+            if q.shape[-2] == 1 and k_pos is not None:     # a static cache's one-token step: empty slots, no gate
+                logits = logits.masked_fill((k_pos == UNWRITTEN).flip(-1)[:, None, None, :], float("-inf"))
+            positions = reversed_positions(logits, self.npos_max)
             table = self.pos_emb[layer].to(dtype)
             table = torch.cat((table, table[:, -1:]), dim=-1)                 # [D, npos_max + 1]
             return interpolated_logits(q_rev @ table, positions).flip(-2, -1)

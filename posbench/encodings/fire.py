@@ -56,7 +56,9 @@ class FIRELayer(nn.Module):
         self.eps = eps
 
     def pieces(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Sorted breakpoints [K] and the slope / intercept of each of the K + 1 segments, [K + 1, H]."""
+        """Sorted breakpoints [K] and the slope / intercept of each of the K + 1 segments, [K + 1, H], in the
+        weights' dtype whatever autocast does (under bf16 autocast the products would be bf16, and the bias
+        casts the positions to the slopes' dtype: above 256 they would be rounded)."""
         w1, b1 = self.mlp[0].weight[:, 0], self.mlp[0].bias
         w2, b2 = self.mlp[2].weight, self.mlp[2].bias
         k = w1.shape[0]
@@ -68,8 +70,9 @@ class FIRELayer(nn.Module):
             rank[order] = torch.arange(k, device=order.device)
             below = rank[None, :] < torch.arange(k + 1, device=rank.device)[:, None]   # [K + 1, K]
             active = torch.where(w1 > 0, below, torch.where(w1 < 0, ~below, b1 > 0)).to(w1.dtype)
-        slope = (active * w1) @ w2.T
-        icpt = (active * b1) @ w2.T + b2
+        with torch.autocast(w1.device.type, enabled=False):     # float32: bf16 would round the positions
+            slope = (active * w1) @ w2.T
+            icpt = (active * b1) @ w2.T + b2
         return breaks[order].contiguous(), slope, icpt
 
     def score_bias(self) -> ScoreBias:

@@ -5,7 +5,8 @@ cell that ran out of memory reads ``OOM``.
 The run's record (``results/bench/<mode>/<run-id>/result.json``) carries ``task: "bench"`` and, in
 ``evaluation.bench``: ``device_name``, ``peak_tflops``, ``timer``, ``unit`` and ``cells``, one per (encoding,
 length) with ``status`` (ok, oom, error), ``ms``, ``x_rope``, ``mfu`` (a fraction), ``peak_gib``,
-``tokens_per_s`` and ``params``.
+``tokens_per_s`` and ``params``; in a compiled run also ``compiled`` (whether the cell ran compiled), ``graphs``
+and ``graph_breaks``: a cell that did not run compiled is named in the table's notes.
 """
 
 from __future__ import annotations
@@ -94,5 +95,9 @@ def bench_table(run: RunRecord) -> TaskTable:
              if num(bench.get("peak_tflops")) else "MFU: no peak FLOP/s known for this device",
              f"timer: {bench.get('timer', '?')}"]
     notes += [f"error: {e}" for e in errors]
+    not_compiled = [f"{c.get('encoding')} at {c.get('length')} ({c.get('graphs')} graphs, {c.get('graph_breaks')} "
+                    f"breaks)" for c in bench_cells(run) if c.get("compiled") is False]
+    if not_compiled:
+        notes.append("NOT compiled: " + ", ".join(not_compiled))
     return TaskTable("bench", None, columns, hib, rows, [run], title=bench_title(run), grouped=False, notes=notes,
                      kind="bench", labels=labels)

@@ -6,8 +6,15 @@ A step is, by mode:
 - ``train``: one optimizer step of the engine's own ``Trainer`` (forward, cross-entropy, backward, gradient
   clipping, AdamW, schedule; bf16 autocast on CUDA; compiled when ``train.compile`` says so);
 - ``forward``: one forward pass without gradients (evaluation mode);
-- ``decode``: ``new_tokens`` single-token steps with the KV cache after an untimed prompt (greedy, as
-  ``generate``), reported per token.
+- ``decode``: ``new_tokens`` single-token steps after an untimed prompt (greedy), reported per token, with a
+  static cache (``posbench.generate.Decoder``): compiled, one graph serves every step (a CUDA graph on CUDA).
+
+Compilation (``compiled=True``) uses ``torch.compile`` with the given options (the backend: Inductor, or
+``eager`` to trace without generating code). ``strict_compilation()`` surrounds a benchmark: each cell starts
+from a fresh compiler (``fresh_compiler()``: every earlier graph forgotten, the counters zeroed), and a hit
+recompile limit raises instead of running the function eagerly in silence (dynamo's default: past 8 entries
+per code object, which 13 encodings, or 5 score_mods at 2 lengths, reach in one process); ``compile_counts()``
+tells how many graphs a cell compiled and how many graph breaks it had.
 
 MFU uses the PaLM count: 6 x N + 12 x layers x width x sequence FLOPs per trained token (a third of that for a
 forward pass), N = every parameter that multiplies activations (all but the input embedding table, a lookup),
@@ -16,8 +23,9 @@ against the device's dense bf16 peak.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -103,9 +111,38 @@ def random_tokens(vocab: int, batch: int, length: int, device: torch.device) -> 
     return torch.randint(0, vocab, (batch, length), generator=generator).to(device)
 
 
-def train_step(model, length: int, batch: int, device: torch.device, train: dict[str, Any], rounds: int
-               ) -> Callable[[], float]:
-    """One optimizer step of the engine's ``Trainer`` per call; returns its milliseconds."""
+@contextlib.contextmanager
+def strict_compilation() -> Iterator[None]:
+    """Within: a hit recompile limit is an error (``FailOnRecompileLimitHit``), not an eager fallback."""
+    config = torch._dynamo.config
+    name = next((n for n in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit") if hasattr(config, n)), None)
+    before = getattr(config, name) if name else None
+    if name:
+        setattr(config, name, True)
+    try:
+        yield
+    finally:
+        if name:
+            setattr(config, name, before)
+        torch._dynamo.reset()
+
+
+def fresh_compiler() -> None:
+    """Forget every compiled graph (each cell compiles its own, within the recompile limit) and zero the counts."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+
+
+def compile_counts() -> tuple[int, int]:
+    """(graphs compiled, graph breaks) since ``fresh_compiler()``."""
+    counters = torch._dynamo.utils.counters
+    return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
+
+
+def train_step(model, length: int, batch: int, device: torch.device, train: dict[str, Any], rounds: int,
+               compile_options: dict[str, Any] | None = None) -> Callable[[], float]:
+    """One optimizer step of the engine's ``Trainer`` per call; returns its milliseconds. ``compile_options``
+    (when given): the model compiled as the engine does (``torch.compile`` of the module), with these options."""
     from posbench.data.batch import Batch
     from posbench.train.config import TrainConfig
     from posbench.train.trainer import Trainer
@@ -113,8 +150,11 @@ def train_step(model, length: int, batch: int, device: torch.device, train: dict
     tokens = random_tokens(model.config.vocab_size, batch, length + 1, device)
     data = Batch(tokens[:, :-1], tokens[:, 1:], target_count=batch * length)
     cfg = TrainConfig(**{**train, "steps": rounds, "batch_size": batch, "grad_accum": 1, "checkpoint_every": 0,
-                         "log_every": rounds, "checkpointing": False})
+                         "log_every": rounds, "checkpointing": False, "compile": False})
     trainer = Trainer(model, FixedBatch(data), cfg, device=device)
+    if compile_options is not None:
+        trainer.forward = torch.compile(trainer.replica.module, **compile_options)
+        trainer.result.compile = True
     timer, done = Timer(device), [0]
 
     def step() -> float:
@@ -125,12 +165,12 @@ def train_step(model, length: int, batch: int, device: torch.device, train: dict
     return step
 
 
-def forward_step(model, length: int, batch: int, device: torch.device, precision: str, compiled: bool
-                 ) -> Callable[[], float]:
+def forward_step(model, length: int, batch: int, device: torch.device, precision: str,
+                 compile_options: dict[str, Any] | None = None) -> Callable[[], float]:
     from posbench.train.device import autocast
 
     model.eval()
-    runner = torch.compile(model) if compiled else model
+    runner = torch.compile(model, **compile_options) if compile_options is not None else model
     tokens = random_tokens(model.config.vocab_size, batch, length, device)
     timer = Timer(device)
 
@@ -142,25 +182,26 @@ def forward_step(model, length: int, batch: int, device: torch.device, precision
     return step
 
 
-def decode_step(model, length: int, batch: int, device: torch.device, precision: str, compiled: bool,
-                new_tokens: int) -> Callable[[], float]:
-    """Prefill untimed, then ``new_tokens`` single-token steps; returns ms per token."""
+def decode_step(model, length: int, batch: int, device: torch.device, precision: str,
+                compile_options: dict[str, Any] | None, new_tokens: int) -> Callable[[], float]:
+    """Prefill untimed, then ``new_tokens`` single-token steps with a static cache; returns ms per token. The
+    same cache (emptied) and, when compiled, the same compiled step serve every call."""
+    from posbench.generate import Decoder
     from posbench.train.device import autocast
 
     model.eval()
-    runner = torch.compile(model) if compiled else model
+    decoder = Decoder(model, compile_options if compile_options is not None else False)
     prompt = random_tokens(model.config.vocab_size, batch, length, device)
     timer = Timer(device)
 
     def run() -> float:
         with torch.no_grad(), autocast(device, precision):
-            cache = model.new_cache(length + new_tokens)
-            token = runner(prompt, cache=cache)[:, -1:].argmax(-1)
+            cache, token = decoder.prefill(prompt, new_tokens)
 
             def steps() -> None:
                 nonlocal token
                 for _ in range(new_tokens):
-                    token = runner(token, cache=cache)[:, -1:].argmax(-1)
+                    token = decoder.next(token, cache)
             return timer(steps) / new_tokens
     return run
 

@@ -5,7 +5,13 @@ GPU, the wall clock elsewhere), tokens per second, model-FLOPs utilisation, peak
 measured in the same run; the step of each mode is in ``posbench.tasks.bench.speed`` (``train`` is one step of
 the engine's own ``Trainer``). A cell that runs out of memory is reported as ``oom`` and the run goes on. On a
 CPU the encodings are timed round robin (one step of each in turn), so a neighbouring process slows all of them
-alike; on a GPU one cell at a time (its peak memory is its own).
+alike; on a GPU, and whenever the models are compiled, one cell at a time (its peak memory is its own).
+
+Compilation never falls back in silence: every cell starts from a fresh compiler, a hit recompile limit is an
+error (the cell reads ``error``), and each cell records how many graphs it compiled, its graph breaks, and
+whether it ran compiled (``compiled``: asked to, at least one graph, no graph break, no recompilation while
+timed; None when not asked). Each finished cell is also written at once to ``cells.jsonl`` in the run's
+directory, so a run that is killed keeps the cells it finished.
 
 The run is a run like any other (``results/bench/<mode>/<run-id>/result.json``); its cells are in the record's
 ``evaluation.bench``, which ``compare`` renders as the efficiency table.
@@ -24,11 +30,15 @@ import torch
 from posbench.errors import ConfigError
 from posbench.tasks.bench import speed
 from posbench.evaluation.outcome import Evaluation
+from posbench.files import write_jsonl
 from posbench.options import Each, OneOf, Option, at_least
 from posbench.tasks.base import Phase, Task
 
 BASELINE = "rope"
 MODES = ("train", "forward", "decode")
+#: torch.compile backends a bench may use: Inductor (the real thing), or dynamo's tracing without code generation
+COMPILE_BACKENDS = ("inductor", "eager", "aot_eager")
+CELLS_FILE = "cells.jsonl"
 
 
 @dataclass
@@ -45,6 +55,9 @@ class Cell:
     x_rope: float | None = None
     params: int | None = None
     flops_per_token: float | None = None
+    compiled: bool | None = None    # ran compiled (None: not asked to compile)
+    graphs: int | None = None       # graphs compiled for the cell (FlexAttention's kernels on CUDA included)
+    graph_breaks: int | None = None
     error: str | None = None
 
     def fail(self, exc: BaseException) -> None:
@@ -68,6 +81,9 @@ class Bench(Task):
         "new_tokens": Option(32, "decode: tokens per timed run", at_least(1)),
         "peak_tflops": Option(0.0, "the device's dense bf16 peak (0: known GPUs are recognised)", at_least(0)),
         "vocab_size": Option(256, "the models' vocabulary", at_least(2)),
+        "compile_backend": Option("inductor", "torch.compile backend when train.compile is on: inductor, or eager / "
+                                  "aot_eager (trace only: checks the graphs, times nothing real)",
+                                  OneOf(COMPILE_BACKENDS)),
     }
     default_preset = "small"
     needs_model = False
@@ -120,7 +136,7 @@ class Bench(Task):
         total = len(o["lengths"]) * len(o["encodings"]) * (o["warmup"] + o["steps"])
         bar = reporter.task(f"bench {o['mode']}", total=total, unit="step")
         try:
-            with torch.enable_grad():                 # the runner evaluates under no_grad; training steps need it
+            with torch.enable_grad(), speed.strict_compilation():   # training steps need gradients
                 cells = self.run_cells(device, precision, peak, lambda done: bar.update(done))
         finally:
             bar.close()
@@ -142,24 +158,48 @@ class Bench(Task):
             progress(done[0])
         for length, batch in zip(self.opts["lengths"], self.opts["batch"]):
             group = [Cell(encoding, length, batch) for encoding in self.opts["encodings"]]
-            if device.type == "cuda":
+            if device.type == "cuda" or self.compiled(device):
                 for cell in group:
                     self.time_alone(cell, device, precision, tick)
                     release(device)                 # the cell's model is gone before the next one is built
+                    summarise(cell, self.opts, peak)
+                    self.keep(cells + [cell])
+                    cells.append(cell)
             else:
                 self.time_round_robin(group, device, precision, tick)
                 release(device)
-            for cell in group:
-                summarise(cell, self.opts, peak)
-            cells += group
+                for cell in group:
+                    summarise(cell, self.opts, peak)
+                cells += group
+                self.keep(cells)
         ratios(cells)
         return cells
+
+    def compiled(self, device: torch.device) -> bool:
+        from posbench.train.device import resolve_compile
+
+        return resolve_compile(self.config.train["compile"], device)
+
+    def compile_options(self, device: torch.device) -> dict[str, Any] | None:
+        """``torch.compile``'s options for the cells (None: not compiled): the backend, and CUDA graphs for
+        decoding with Inductor on CUDA (gpt-fast's ``reduce-overhead``)."""
+        if not self.compiled(device):
+            return None
+        options: dict[str, Any] = {"backend": self.opts["compile_backend"]}
+        if self.opts["mode"] == "decode" and device.type == "cuda" and options["backend"] == "inductor":
+            options["mode"] = "reduce-overhead"
+        return options
+
+    def keep(self, cells: list[Cell]) -> None:
+        """The finished cells, written at once to the run directory (a killed run keeps them)."""
+        run_dir = getattr(self, "run_dir", None)
+        if run_dir is not None:
+            write_jsonl(run_dir / CELLS_FILE, [asdict(cell) for cell in cells])
 
     def prepare(self, cell: Cell, device: torch.device, precision: str) -> Callable[[], float] | None:
         """Build the cell's model and its step (recording its size); None if that fails (recorded in the cell)."""
         from posbench.encodings import ENCODINGS
         from posbench.model import ModelConfig, Transformer
-        from posbench.train.device import resolve_compile
 
         o, train = self.opts, self.config.train
         rounds = o["warmup"] + o["steps"]
@@ -172,32 +212,40 @@ class Bench(Task):
                                             encoding_options=options, **shape)).to(device)
             cell.params = model.num_parameters()
             cell.flops_per_token = speed.flops_per_token(model, cell.length, o["mode"])
-            compiled = resolve_compile(train["compile"], device)
+            options = self.compile_options(device)
             if o["mode"] == "train":
-                return speed.train_step(model, cell.length, cell.batch, device, train, rounds)
+                return speed.train_step(model, cell.length, cell.batch, device, train, rounds, options)
             if o["mode"] == "forward":
-                return speed.forward_step(model, cell.length, cell.batch, device, precision, compiled)
-            return speed.decode_step(model, cell.length, cell.batch, device, precision, compiled, o["new_tokens"])
+                return speed.forward_step(model, cell.length, cell.batch, device, precision, options)
+            return speed.decode_step(model, cell.length, cell.batch, device, precision, options, o["new_tokens"])
         except Exception as exc:  # noqa: BLE001 - a failed cell is recorded, the run goes on
             cell.fail(exc)
             return None
 
     def time_alone(self, cell: Cell, device: torch.device, precision: str, tick: Callable[[], None]) -> None:
+        speed.fresh_compiler()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         step = self.prepare(cell, device, precision)
         if step is None:
             return
+        warmup, timed_graphs = self.opts["warmup"], 0
         try:
-            for i in range(self.opts["warmup"] + self.opts["steps"]):
+            for i in range(warmup + self.opts["steps"]):
                 ms = step()
-                if i >= self.opts["warmup"]:
+                if i == warmup - 1:
+                    timed_graphs = -speed.compile_counts()[0]
+                if i >= warmup:
                     cell.ms_all.append(ms)
                 tick()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a recompile limit hit, an OOM: recorded, the run goes on
             cell.fail(exc)
-            return
-        if device.type == "cuda":
+        finally:
+            cell.graphs, cell.graph_breaks = speed.compile_counts()
+            if self.compiled(device):           # graphs compiled while timed: a recompilation
+                recompiled = warmup > 0 and cell.graphs + timed_graphs > 0
+                cell.compiled = cell.status == "ok" and cell.graphs > 0 and cell.graph_breaks == 0 and not recompiled
+        if device.type == "cuda" and cell.status == "ok":
             cell.peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
 
     def time_round_robin(self, group: list[Cell], device: torch.device, precision: str,
