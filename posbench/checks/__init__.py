@@ -7,15 +7,14 @@ Python or a test suite::
     check_encoding("learned").assert_ok()        # AssertionError listing every failed check
     check_task("copy").assert_ok()
 
-An encoding (``checks/encoding.py``, a tiny model on the CPU, a few seconds): its options (declared with a
-default, a range and help, and refused out of range in one line), it builds and every trainable parameter reaches
-the loss, a later token never changes an earlier logit, the attention backends agree, a KV cache equals
-recomputation, a saved state dict rebuilds the same model, and the model is one ``torch.compile`` graph for all
-its layers (traced by dynamo only, no code generation: about a second; ``compiled=False``, ``--no-compiled``,
-leaves it out).
-A task (``checks/task.py``): its options, its version, every preset resolves, its training stream resumes
-exactly from its saved state, and a short run of its smallest preset goes through the runner to a record that
-``compare`` reads.
+An encoding (``checks/encoding.py``, a tiny model on the CPU, a few seconds): its options (declared with a default,
+a range and help, and refused out of range in one line), it builds and every trainable parameter reaches the loss, a
+later token never changes an earlier logit, the attention backends agree, a KV cache (growing, and static as
+compiled decoding uses it) equals recomputation, a saved state dict rebuilds the same model, and the model is one
+``torch.compile`` graph for all its layers (traced by dynamo only, no code generation: about a second;
+``compiled=False``, ``--no-compiled``, leaves it out). A task (``checks/task.py``): its options, its version, every
+preset resolves, its training stream resumes exactly from its saved state, and a short run of its smallest preset
+goes through the runner to a record that ``compare`` reads.
 """
 
 from posbench.checks.outcome import Check, Report
