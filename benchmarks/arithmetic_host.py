@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))          # measure the checkout this script belongs to
 
 from posbench.runs.config import resolve_run_config  # noqa: E402
-from posbench.progress import NullReporter  # noqa: E402
+from posbench.reporters import NullReporter  # noqa: E402
 from posbench.tasks import TASKS  # noqa: E402
-from posbench.tasks.arithmetic import AdditionStream  # noqa: E402
+from posbench.tasks.arithmetic.task import AdditionStream  # noqa: E402
 
 
 class Instant:

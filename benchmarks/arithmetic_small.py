@@ -44,7 +44,7 @@ def main() -> int:
 
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
-    from posbench.progress import RichReporter
+    from posbench.reporters import RichReporter
 
     sets = list(args.sets) + ([f"train.threads={args.threads}"] if args.threads else [])
     rows = []

@@ -1,9 +1,18 @@
-"""Options: every value a user sets (``--set section.key=value``, flags, encoding and method options, preset
-entries) is coerced to its default's type and checked against its declared range here, once.
+"""Options: every value a user sets (``--set section.key=value``, flags, ``ModelConfig(...)``, encoding, task and
+method options, preset entries) is declared once here, with its default, its valid range and one line of help,
+and is coerced and range-checked by one function, from the command line and from Python alike.
 
-An owner (a configuration section, an encoding, an extension method, a task) declares ``defaults`` (each
-option's default value, whose type is the option's type) and ``limits`` (the valid range of each option that
-has one: ``Bound`` for numbers, ``OneOf`` for names, ``Each`` for lists, ``Switch`` for true / false / auto).
+Declaring options. A class a user configures by name (an encoding, a task, an extension method) is a
+``Configurable`` and lists its options in ``OPTIONS``::
+
+    OPTIONS = {"theta": Option(10000.0, "the rotary base", positive()),
+               "random_offset": Option(False, "shift every position by one random k while training")}
+
+A configuration dataclass (``ModelConfig``, ``TrainConfig``) declares each field with ``option(default, help,
+limit)`` and calls ``check_fields(self, section)`` in its ``__post_init__``. The default's type is the option's
+type; the limit is its valid range: ``Bound`` for numbers, ``OneOf`` for names, ``Each`` for lists, ``Switch``
+for true / false / auto (booleans and free text need none).
+
 ``resolve(owner, defaults, given, limits)`` merges ``given`` over the defaults, refusing unknown keys, values of
 the wrong type and values out of range, each with one line (``OptionError``, exit code 2 on the command line).
 
@@ -13,10 +22,11 @@ as ``3`` or ``3.0`` (not ``3.5``); floats in any Python spelling; lists as comma
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from posbench.errors import ConfigError
 
@@ -205,3 +215,87 @@ def resolve(owner: str, defaults: dict[str, Any], given: dict[str, Any], limits:
 def did_you_mean(key: str, known: Any) -> str:
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+# ---- declarations ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its default (whose type is the option's type), one line of help and its valid range.
+    ``from_task``: only the task can give the value (Abacus's ``digit_ids``, the token ids of the digits): the
+    run configuration fills it from ``Task.encoding_context`` and refuses ``--set`` for it."""
+
+    default: Any
+    help: str
+    limit: Limit | None = None
+    from_task: bool = False
+
+    def describe(self) -> str:
+        """The valid range in words (``any`` for an option without one)."""
+        if self.limit is not None:
+            return self.limit.describe()
+        return "true or false" if isinstance(self.default, bool) else "any"
+
+
+def option(default: Any, help: str, limit: Limit | None = None) -> Any:
+    """A dataclass field that is an option (``ModelConfig``, ``TrainConfig``): the same three facts as
+    ``Option``, read back by ``declared``."""
+    return dataclasses.field(default=default, metadata={"option": Option(default, help, limit)})
+
+
+def declared(owner: Any) -> dict[str, Option]:
+    """The options of a ``Configurable`` class (its ``OPTIONS``) or of a dataclass declared with ``option``."""
+    if dataclasses.is_dataclass(owner):
+        return {f.name: f.metadata["option"] for f in dataclasses.fields(owner) if "option" in f.metadata}
+    return dict(getattr(owner, "OPTIONS", {}))
+
+
+def check_fields(instance: Any, section: str) -> None:
+    """Coerce and range-check every ``option`` field of a dataclass instance in place (errors name
+    ``section.key``): what ``ModelConfig(n_layers=-1)`` and ``--set model.n_layers=-1`` both go through."""
+    options = declared(type(instance))
+    values = resolve(section, {k: o.default for k, o in options.items()},
+                     {k: getattr(instance, k) for k in options}, {k: o.limit for k, o in options.items() if o.limit},
+                     label=f"{section}.")
+    for key, value in values.items():
+        setattr(instance, key, value)
+
+
+class Configurable:
+    """A class a user configures by name: an encoding, a task, an extension method. Subclasses set ``kind``
+    (what the errors call it), ``name`` and ``OPTIONS``; ``resolve(given)`` is the one check of a set of options
+    (types, ranges, then ``check_options`` for constraints between them)."""
+
+    kind: ClassVar[str] = "owner"
+    name: ClassVar[str] = ""
+    OPTIONS: ClassVar[dict[str, Option]] = {}
+    #: how a value error names an option: None gives ``<kind> '<name>' option KEY``, ``"task."`` gives ``task.KEY``
+    option_label: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        old = [key for key in ("defaults", "limits", "option_help", "options")
+               if isinstance(cls.__dict__.get(key), dict)]
+        if old:
+            raise TypeError(f"{cls.kind} '{cls.__dict__.get('name', cls.__qualname__)}' declares its options in "
+                            f"{', '.join(old)}; declare each once in OPTIONS = {{key: Option(default, help, "
+                            f"limit)}} (posbench.options)")
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        return {key: o.default for key, o in cls.OPTIONS.items()}
+
+    @classmethod
+    def limits(cls) -> dict[str, Limit]:
+        return {key: o.limit for key, o in cls.OPTIONS.items() if o.limit is not None}
+
+    @classmethod
+    def resolve(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``given`` over the defaults, each value coerced and range-checked, then ``check_options``."""
+        resolved = resolve(f"{cls.kind} '{cls.name}'", cls.defaults(), given, cls.limits(), label=cls.option_label)
+        cls.check_options(resolved)
+        return resolved
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """Constraints between options (each one's own range is its ``limit``); raise ``OptionError``."""

@@ -1,20 +1,39 @@
-"""One generic registry: names -> classes, filled by subclassing and by entry points.
+"""One generic registry: names -> classes, and the three ways a class gets into it.
 
-Built-in classes register themselves when their module is imported (see ``__init_subclass__`` in
-``encodings/base.py`` and ``tasks/base.py``). Third-party packages declare an entry point in a group such
-as ``posbench.encodings``; those are loaded the first time the registry is read.
+A class registers itself when it is defined (``__init_subclass__`` in ``encodings/base.py``, ``tasks/base.py``,
+``hf/methods.py``), so what matters is that its module is imported. That happens in one of three ways:
+
+1. a file dropped into the package's folder (``posbench/encodings/``, ``posbench/tasks/``): the folder's
+   ``__init__`` imports every module and sub-folder in it (``import_folder``);
+2. an entry point of a group such as ``posbench.encodings``, declared by an installed package: loaded the first
+   time the registry is read;
+3. a module named by ``--plugins MODULE`` (a module name, or the path of a ``.py`` file) or by the environment
+   variable ``POSBENCH_PLUGINS`` (several, comma-separated): imported the first time any registry is read
+   (``load_plugins``), before the entry points.
+
+A plugin that cannot be imported is one line (``PluginError``).
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator, Mapping
+import importlib
+import importlib.util
+import os
+import pkgutil
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Generic, TypeVar
 
 from posbench.errors import UserError
 
 T = TypeVar("T")
+
+#: the environment variable naming plugin modules (comma-separated); ``--plugins`` adds to it
+PLUGINS_VARIABLE = "POSBENCH_PLUGINS"
 
 
 class UnknownNameError(UserError, KeyError):
@@ -29,6 +48,98 @@ class UnknownNameError(UserError, KeyError):
     def __str__(self) -> str:
         return self.message
 
+
+class PluginError(UserError):
+    """A plugin module (or a file dropped into a folder) that cannot be imported; ``str()`` is one line."""
+
+
+# ---- importing what registers --------------------------------------------------------------------------------
+
+_loaded_plugins: set[str] = set()
+_importing: list[str] = []          # the plugin module being imported (what its classes' origin names)
+
+
+def import_folder(package: str, folder: Iterable[str]) -> None:
+    """Import every module and sub-folder of ``package`` (its ``__path__`` is ``folder``) whose name does not
+    start with an underscore: a file dropped there registers its classes."""
+    for info in sorted(pkgutil.iter_modules(folder), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            name = f"{package}.{info.name}"
+            try:
+                importlib.import_module(name)
+            except UserError:
+                raise
+            except Exception as exc:  # noqa: BLE001  (a user's file: say which, in one line)
+                raise PluginError(f"cannot import {name} ({type(exc).__name__}: {exc})") from exc
+
+
+def plugin_names(value: str | None) -> list[str]:
+    """``"a, b.c"`` -> ``["a", "b.c"]``."""
+    return [part.strip() for part in (value or "").split(",") if part.strip()]
+
+
+def add_plugins(names: Iterable[str]) -> None:
+    """Name more plugin modules (``--plugins``): imported now, and kept in ``POSBENCH_PLUGINS`` so that the
+    processes this one starts (torchrun's) import them too."""
+    names = [n for n in names if n]
+    load_plugins(names)
+    current = plugin_names(os.environ.get(PLUGINS_VARIABLE))
+    if names:
+        os.environ[PLUGINS_VARIABLE] = ",".join(current + [n for n in names if n not in current])
+
+
+def load_plugins(names: Iterable[str] | None = None) -> None:
+    """Import each plugin module once (default: those ``POSBENCH_PLUGINS`` names). A name ending in ``.py`` is
+    a file, imported under its stem; any other is a module name, looked up on ``sys.path`` and in the working
+    directory."""
+    for name in plugin_names(os.environ.get(PLUGINS_VARIABLE)) if names is None else names:
+        if name in _loaded_plugins:
+            continue
+        _loaded_plugins.add(name)
+        with _origin(Path(name).stem if name.endswith(".py") else name):
+            try:
+                _import_plugin(name)
+            except UserError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                _loaded_plugins.discard(name)
+                raise PluginError(f"plugin {name!r} cannot be imported ({type(exc).__name__}: {exc})") from exc
+
+
+def _import_plugin(name: str) -> None:
+    if name.endswith(".py"):
+        path = Path(name).resolve()
+        if not path.is_file():
+            raise PluginError(f"plugin {name!r}: no such file")
+        other = sys.modules.get(path.stem)
+        if other is not None:
+            where = getattr(other, "__file__", None) or "built into Python"
+            raise PluginError(f"plugin {name!r}: a module named {path.stem!r} is already imported ({where}); "
+                              f"rename the file")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module          # a real module: pickling and FlexAttention's tracing import it
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(path.stem, None)
+            raise
+        return
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())               # as ``python -m`` would: a module beside the user
+    importlib.import_module(name)
+
+
+@contextmanager
+def _origin(module: str):
+    _importing.append(module)
+    try:
+        yield
+    finally:
+        _importing.pop()
+
+
+# ---- the registry -------------------------------------------------------------------------------------------
 
 class Registry(Mapping[str, type], Generic[T]):
     """A read-mostly mapping of name -> class with duplicate checks and did-you-mean errors."""
@@ -54,9 +165,15 @@ class Registry(Mapping[str, type], Generic[T]):
         """Register a class that sets its own ``name`` (called from a base class's ``__init_subclass__``);
         classes without a name of their own (abstract intermediates) are skipped."""
         name = cls.__dict__.get("name")
-        if name:
-            builtin = cls.__module__.startswith("posbench.")
-            self.add(name, cls, origin="built-in" if builtin else f"user ({cls.__module__})")
+        if not name:
+            return
+        module = cls.__module__
+        plugin = next((p for p in reversed(_importing) if module == p or module.startswith(f"{p}.")), None)
+        if plugin is not None:
+            origin = f"plugin ({plugin})"
+        else:
+            origin = "built-in" if module.startswith("posbench.") else f"user ({module})"
+        self.add(name, cls, origin=origin)
 
     def remove(self, name: str) -> None:
         """Unregister a name (used by tests and notebooks that redefine a class)."""
@@ -90,11 +207,25 @@ class Registry(Mapping[str, type], Generic[T]):
         return name in self._classes
 
     def _load_plugins(self) -> None:
-        if self._plugins_loaded or self.entry_point_group is None:
+        if self._plugins_loaded:
             return
-        self._plugins_loaded = True
+        self._plugins_loaded = True          # first: a plugin's module reads the registry while it is imported
+        try:
+            load_plugins()
+            self._load_entry_points()
+        except Exception:
+            self._plugins_loaded = False
+            raise
+
+    def _load_entry_points(self) -> None:
+        if self.entry_point_group is None:
+            return
         for ep in entry_points(group=self.entry_point_group):
-            cls = ep.load()  # importing the module registers the class through subclassing
+            try:
+                cls = ep.load()  # importing the module registers the class through subclassing
+            except Exception as exc:  # noqa: BLE001
+                raise PluginError(f"entry point {ep.name!r} of group {self.entry_point_group} cannot be loaded "
+                                  f"({type(exc).__name__}: {exc})") from exc
             name = getattr(cls, "name", ep.name) or ep.name
             dist = ep.dist.name if ep.dist is not None else ep.value
             if self._classes.get(name) is not cls:

@@ -7,7 +7,7 @@ import torch
 
 from posbench.data.batch import IGNORE_INDEX, Batch
 from posbench.data.char import EOS, PAD
-from posbench.tasks.arithmetic import TOKENIZER, format_example
+from posbench.tasks.arithmetic.task import TOKENIZER, format_example
 
 
 def encode_examples(pairs: list[tuple[int, int]], length: int) -> Batch:

@@ -98,7 +98,7 @@ def evaluate_fixed_model(job: dict[str, Any]) -> dict[str, Any]:
     from posbench.train.seeds import seed_everything
     from posbench.evaluation.perplexity import evaluate as evaluate_ppl
     from posbench.model import Transformer
-    from posbench.progress import NullReporter
+    from posbench.reporters import NullReporter
     from posbench.tasks import TASKS
 
     cfg = resolve_run_config("arithmetic", job["encoding"], "tiny", sets=job["sets"])

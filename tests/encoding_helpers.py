@@ -29,7 +29,15 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-BUILTIN = ["abacus", "alibi", "cope", "dape", "fire", "kerple", "nope", "randpe", "rope", "sandwich", "t5", "tape", "xpos"]
+def builtin_encodings() -> list[str]:
+    """Every encoding the package's own folder holds (a file dropped into ``posbench/encodings/`` included): the
+    contract tests run on each, so a new one needs no edit here."""
+    from posbench.encodings import ENCODINGS
+
+    return sorted(name for name in ENCODINGS if ENCODINGS.origin(name) == "built-in")
+
+
+BUILTIN = builtin_encodings()
 #: encodings whose bias is computed from q and k (``context_bias``): a tensor, never on flex or flash_attn
 CONTEXTUAL = ["cope", "dape"]
 VOCAB = 50

@@ -16,7 +16,8 @@ import torch
 
 from posbench.cli import main
 from posbench.data.char import CharTokenizer
-from posbench.encodings import ENCODINGS, EncodingOptionError
+from posbench.encodings import ENCODINGS
+from posbench.options import OptionError
 from posbench.model import ModelConfig, Transformer
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
@@ -199,13 +200,13 @@ def test_the_embedding_is_the_token_embedding_plus_the_table_row():
 
 
 def test_options_are_checked():
-    with pytest.raises(EncodingOptionError, match="needs digit_ids"):
+    with pytest.raises(OptionError, match="needs digit_ids"):
         ENCODINGS["abacus"].resolve({})
-    with pytest.raises(EncodingOptionError, match="10 distinct"):
+    with pytest.raises(OptionError, match="10 distinct"):
         ENCODINGS["abacus"].resolve({"digit_ids": [4, 5, 6]})
-    with pytest.raises(EncodingOptionError, match="10 distinct"):
+    with pytest.raises(OptionError, match="10 distinct"):
         ENCODINGS["abacus"].resolve({"digit_ids": [4] * 10})
-    with pytest.raises(EncodingOptionError, match="max_k=-1 is out of range"):
+    with pytest.raises(OptionError, match="max_k=-1 is out of range"):
         ENCODINGS["abacus"].resolve({"digit_ids": DIGIT_IDS, "max_k": -1})
 
 

@@ -9,9 +9,9 @@ from posbench.errors import ConfigError
 from posbench.runs.config import resolve_run_config
 from posbench.data.char import EOS, PAD, CharTokenizer
 from posbench.data.batch import IGNORE_INDEX
-from posbench.progress import NullReporter
+from posbench.reporters import NullReporter
 from posbench.tasks import TASKS
-from posbench.tasks.arithmetic import (AdditionStream, bucket_pairs, cell_stderr, format_example, random_operand,
+from posbench.tasks.arithmetic.task import (AdditionStream, bucket_pairs, cell_stderr, format_example, random_operand,
                                        score_answers, sequence_length, summarise)
 
 from arithmetic_oracle import encode_examples, exact_match

@@ -11,7 +11,7 @@ import torch
 
 from posbench.cli import main
 from posbench.errors import ConfigError
-from posbench.evaluation import speed
+from posbench.tasks.bench import speed
 from posbench.model import ModelConfig, Transformer
 from posbench.runs import runner
 from posbench.runs.config import resolve_run_config
@@ -166,7 +166,7 @@ def test_one_cell_at_a_time_frees_its_model_before_the_next(monkeypatch):
 
     import posbench.model
     from posbench.tasks import TASKS
-    from posbench.tasks.bench import Cell
+    from posbench.tasks.bench.task import Cell
 
     built = []
     real = posbench.model.Transformer

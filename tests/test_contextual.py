@@ -20,7 +20,7 @@ from posbench.attention import BackendError, CONTEXTUAL_WHY, attend, resolve_bac
 from posbench.cli import main
 from posbench.encodings import ENCODINGS
 from posbench.encodings.alibi import alibi_slopes
-from posbench.encodings.cope import cope_positions
+from posbench.encodings.cope import reversed_positions
 from posbench.encodings.dape import BASES
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
@@ -94,6 +94,12 @@ def test_cope_bias_equals_the_papers_equations_one_pair_at_a_time(nq, nk, npos_m
         assert (positions[..., mask] == 3).any()                # the clamp was exercised
 
 
+def cope_positions(gate_logits, npos_max):
+    """Positions ``p_ij = sum_{t=j..i} sigmoid(l_it)`` from the scaled logits ``l [B, H, Nq, Nk]`` in their own
+    order: the encoding's reversed form (queries and keys both reversed), flipped back."""
+    return reversed_positions(gate_logits.flip(-2, -1), npos_max).flip(-2, -1)
+
+
 def test_cope_positions_grow_away_from_the_query_and_stay_in_range():
     """p_ij is non-decreasing as key j moves away from query i, in [0, i - j + 1] (strictly inside: every gate
     is in (0, 1)), and zero right of the diagonal."""
@@ -138,8 +144,8 @@ def base_by_hand(pe, base, layer, i, j):
     if base == "alibi":
         return torch.tensor([-m * (i - j) for m in alibi_slopes(H)], dtype=torch.float64)
     if base == "kerple":      # the log kernel -r1 log(1 + r2 d), d = i - j (0 for the masked future keys),
-        # r1 and r2 read as at least eps (0.01)
-        kernel, eps = pe.base.kernels[0], pe.base.options["eps"]
+        # r1 and r2 read as at least eps (0.01); the layer's own pair (the released code's one per layer)
+        kernel, eps = pe.base.kernels[layer], pe.base.options["eps"]
         return torch.tensor([-max(float(r1), eps) * math.log(1 + max(float(r2), eps) * max(i - j, 0))
                              for r1, r2 in zip(kernel.r1.detach(), kernel.r2.detach())], dtype=torch.float64)
     return pe.base.layers[layer].mlp_bias(torch.tensor([[i]]), torch.tensor([[j]]))[0, :, 0, 0].detach()
@@ -169,7 +175,7 @@ def test_dape_bias_equals_the_mlp_applied_one_pair_at_a_time(base, nq, nk):
     pe = build("dape", base=base, hidden=5)
     if base == "fire":
         with torch.no_grad():
-            pe.base.layers[1].l_mult.fill_(0.01)                # L = 5.12: queries on both sides of it
+            pe.base.layers[1].l_mult.fill_(0.1)                 # L = 6.4: queries on both sides of it
     q, k = qk(nq, nk, seed=1)
     k_pos = torch.arange(nk)[None] + 3
     q_pos = k_pos[:, nk - nq:]
@@ -186,7 +192,7 @@ def test_dape_with_its_mlp_output_zeroed_is_its_base_exactly(base, backend):
     """f's last layer at zero: the logits of a DAPE model are its base encoding's, bit for bit, with the same
     weights; with f's weights as they are, they differ."""
     dape = tiny("dape", attention=backend, encoding_options={"base": base}).eval()
-    plain = tiny(base, attention=backend).eval()
+    plain = tiny(base, attention=backend, encoding_options=dape.encoding.base.options).eval()
     weights = {n.replace("encoding.base.", "encoding."): t for n, t in dape.state_dict().items()}
     plain.load_state_dict({n: weights[n] for n in plain.state_dict()})
     x = tokens(2, 12)
@@ -205,9 +211,51 @@ def test_dape_gradients_reach_its_mlp_and_a_learned_base():
         assert p.grad is not None and p.grad.abs().max() > 0, name
 
 
+def test_dape_kerple_has_one_kernel_pair_per_layer_as_released():
+    """The released code builds one ``ParallelKerpleLog_C`` inside each attention layer: layer l's base bias is
+    -r1_l log(1 + r2_l (i - j)) from its own (r1, r2), derived here from the stored parameters (1e-12); with
+    ``base_per_layer=false`` every layer reads the one shared pair (the behaviour before this option)."""
+    pe = build("dape", n_layers=3, base="kerple")
+    assert len(pe.base.kernels) == 3 and pe.base.options["per_layer"] is True
+    i, j = torch.tensor([[9]]), torch.tensor([[0, 4, 9]])
+    biases = []
+    for layer in range(3):
+        r1, r2 = (t.detach().clamp(min=0.01) for t in (pe.base.kernels[layer].r1, pe.base.kernels[layer].r2))
+        by_hand = torch.stack([-r1 * torch.log1p(r2 * d) for d in (9.0, 5.0, 0.0)], dim=-1)     # [H, 3]
+        got = pe.base_bias(layer, i, j)[0, :, 0, :].detach()
+        torch.testing.assert_close(got, by_hand, rtol=1e-12, atol=1e-12)
+        biases.append(got)
+    assert (biases[0] - biases[1]).abs().max() > 1e-3                 # the layers' pairs differ
+    shared = build("dape", n_layers=3, base="kerple", base_per_layer=False)
+    assert len(shared.base.kernels) == 1
+    torch.testing.assert_close(shared.base_bias(0, i, j), shared.base_bias(2, i, j), rtol=0, atol=0)
+
+
+def test_dape_fire_starts_its_threshold_at_64_as_released():
+    """FIRE_C gets init_L = noise_seq_length = 128 and stores init_L // 2 = 64: the normaliser is
+    psi(max(i, 64)), psi(x) = log(|c x| + 1). By hand at queries below (10) and above (100) the threshold, with
+    the layer's own MLP (ReLU, posbench's FIRE), to 1e-12; ``fire_init_l=512`` gives FIRE's own default."""
+    pe = build("dape", n_layers=2, max_seq_len=128, base="fire")
+    assert pe.options["fire_init_l"] == 64.0 and pe.base.options["init_l"] == 64.0
+    for layer in range(2):
+        fire = pe.base.layers[layer]
+        with torch.no_grad():
+            fire.l_mult.fill_(1.0)                            # its initial value: L = 64 itself
+        c = fire.c.item()
+        w1, b1 = fire.mlp[0].weight[:, 0].detach(), fire.mlp[0].bias.detach()
+        w2, b2 = fire.mlp[2].weight.detach(), fire.mlp[2].bias.detach()
+        for i in (10, 100):
+            for j in (0, i // 2, i):
+                u = math.log(abs(c * (i - j)) + 1) / (math.log(abs(c * max(i, 64.0)) + 1) + 1e-6)
+                by_hand = w2 @ torch.relu(w1 * u + b1) + b2
+                got = pe.base_bias(layer, torch.tensor([[i]]), torch.tensor([[j]]))[0, :, 0, 0].detach()
+                torch.testing.assert_close(got, by_hand, rtol=1e-12, atol=1e-12)
+    assert build("dape", base="fire", fire_init_l=512.0).base.options["init_l"] == 512.0
+
+
 def test_dape_bases_are_the_element_wise_biases_that_exist():
     assert set(BASES) <= {name for name in ENCODINGS if ENCODINGS[name].has_bias}
-    assert ENCODINGS["dape"].limits["base"].choices == BASES
+    assert ENCODINGS["dape"].OPTIONS["base"].limit.choices == BASES
 
 
 # ---- backends ---------------------------------------------------------------------------------------------
@@ -267,20 +315,27 @@ def test_listed_with_their_options(capsys):
     assert "cope" in out and "dape" in out and "npos_max=0" in out and "base=alibi, hidden=32" in out
 
 
-TASK_ARGS = {"arithmetic": [], "pretrain": [], "perplexity": [], "passkey": [], "ruler": [],
-             "scrolls": ["--data", "tests/fixtures/scrolls", "--datasets", "qasper"]}
+#: what a task needs beyond its tiny preset (data it cannot make)
+TASK_ARGS = {"scrolls": ["--data", "tests/fixtures/scrolls", "--datasets", "qasper"]}
 
 
-@pytest.mark.parametrize("task", sorted(TASK_ARGS))
+def encoding_tasks() -> list[str]:
+    """The built-in tasks that train a posbench model of any encoding (not bench, which builds its own, nor
+    extend, whose models are pretrained Llamas): found in the registry, so a new task needs no edit here."""
+    from posbench.tasks import TASKS
+
+    return sorted(n for n in TASKS if TASKS.origin(n) == "built-in" and TASKS[n].needs_model
+                  and TASKS[n].encodings() is ENCODINGS)
+
+
+@pytest.mark.parametrize("task", encoding_tasks())
 @pytest.mark.parametrize("encoding", ["cope", "dape"])
 def test_trains_on_every_task_with_the_tiny_preset(encoding, task, tmp_path, capsys, monkeypatch):
     from pathlib import Path
 
-    from posbench.tasks import TASKS
-
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)
-    assert set(TASK_ARGS) == {n for n in TASKS if n not in ("bench", "extend")}
-    code = main(["run", "-e", encoding, "-t", task, "-p", "tiny", "-q", "-o", str(tmp_path), *TASK_ARGS[task]])
+    code = main(["run", "-e", encoding, "-t", task, "-p", "tiny", "-q", "-o", str(tmp_path),
+                 *TASK_ARGS.get(task, [])])
     assert code == 0, capsys.readouterr().err
     record = json.loads(next((tmp_path / task / encoding).glob("*/result.json")).read_text())
     assert record["config"]["encoding"] == encoding

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from posbench.encodings import ENCODINGS, PositionalEncoding
 from posbench.model import ModelConfig, Transformer
+from posbench.options import Option, positive
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 
@@ -20,10 +22,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 README = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
 
-def readme_example(which: int = 0) -> str:
-    """The ``which``-th Python block of docs/extending.md (0, 1: encodings; 2: a task)."""
-    text = README.read_text(encoding="utf-8")
-    return re.findall(r"```python\n(.*?)```", text, re.S)[which]
+def doc_blocks(language: str = "python") -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+
+
+def readme_example(file: str) -> str:
+    """The Python block of docs/extending.md that is the file ``file`` (its first line: ``# FILE: ...``), or,
+    for a name that is no file, the block that mentions it."""
+    found = [b for b in doc_blocks() if b.startswith(f"# {file}:")] or [b for b in doc_blocks() if file in b]
+    assert len(found) == 1, (file, len(found))
+    return found[0]
 
 
 def train_one_step(model: Transformer, vocab: int) -> None:
@@ -43,7 +51,8 @@ def train_one_step(model: Transformer, vocab: int) -> None:
 def test_readme_example_registers_builds_and_trains():
     namespace = {"__name__": "readme_example"}
     try:
-        exec(compile(readme_example(), str(README), "exec"), namespace)
+        exec(compile(readme_example("learned.py"), str(README), "exec"), namespace)
+        exec(compile(readme_example('ModelConfig(encoding="learned"'), str(README), "exec"), namespace)
         cls = ENCODINGS["learned"]
         assert cls is namespace["LearnedAbsolute"]
         assert ENCODINGS.origin("learned") == "user (readme_example)"
@@ -72,7 +81,7 @@ def define_sinusoidal_ape():
         """The original transformer's sin/cos table (base 10000), added to the embeddings."""
 
         name = "test-sincos"
-        defaults = {"base": 10000.0}
+        OPTIONS = {"base": Option(10000.0, "the sinusoids' base", positive())}
 
         def init_state(self, positions):
             half = self.d_model // 2
@@ -114,7 +123,7 @@ def test_readme_bias_example_runs_on_every_backend_with_gradients():
     namespace = module.__dict__
     sys.modules[module.__name__] = module
     try:
-        exec(compile(readme_example(1), str(README), "exec"), namespace)
+        exec(compile(readme_example("gaussian.py"), str(README), "exec"), namespace)
         cls = ENCODINGS["gaussian"]
         assert cls.has_bias and cls is namespace["GaussianWindow"]
         cfg = dict(vocab_size=30, d_model=32, n_layers=2, n_heads=4, encoding="gaussian")
@@ -159,13 +168,39 @@ def test_the_task_example_runs_through_the_runner(tmp_path):
     module = types.ModuleType("readme_task_example")
     sys.modules[module.__name__] = module
     try:
-        exec(compile(readme_example(2), str(README), "exec"), module.__dict__)
+        exec(compile(readme_example("copy_task.py"), str(README), "exec"), module.__dict__)
         assert TASKS["copy"] is module.__dict__["Copy"]
         outcome = runner.execute(resolve_run_config("copy", "alibi", None, sets=["train.threads=1"]), tmp_path)
         assert outcome.record.task == "copy" and 0.0 <= outcome.record.metrics["accuracy"].value <= 100.0
         assert outcome.record.training["steps"] == 20
+        assert outcome.record.config.task_version == 1
+        assert json.loads((outcome.run_dir / "result.json").read_text())["config"]["task_version"] == 1
         table = report.collect(tmp_path).tables[0]
         assert table.task == "copy" and table.rows[0].encoding == "alibi"
     finally:
         TASKS.remove("copy")
         sys.modules.pop(module.__name__, None)
+
+
+def test_the_documented_contract_tests_pass_on_the_documented_encoding_and_task():
+    """docs/extending.md's test file, run on its own encoding and task: ``posbench.checks`` from a test suite."""
+    import sys
+    import types
+
+    from posbench.tasks import TASKS
+
+    modules = []
+    try:
+        for file in ("learned.py", "copy_task.py", "test_learned.py"):
+            module = types.ModuleType(f"doc_{file[:-3]}")
+            sys.modules[module.__name__] = module
+            modules.append(module)
+            exec(compile(readme_example(file), str(README), "exec"), module.__dict__)
+        tests = modules[-1].__dict__
+        tests["test_learned_keeps_the_contract"]()
+        tests["test_copy_keeps_the_contract"]()
+    finally:
+        ENCODINGS.remove("learned")
+        TASKS.remove("copy")
+        for module in modules:
+            sys.modules.pop(module.__name__, None)

@@ -128,7 +128,8 @@ def test_a_hub_data_set_without_validation_split_holds_out_a_slice(monkeypatch):
     training, and holds out every 20th training document."""
     import datasets
 
-    from posbench.data import hub_env, scrolls_data, sources
+    from posbench.data import hub_env, sources
+    from posbench.tasks.scrolls import data as scrolls_data
 
     for module in (hub_env, sources, scrolls_data):        # each holds the name it imported
         monkeypatch.setattr(module, "hub_offline", lambda: False)

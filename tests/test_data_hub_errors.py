@@ -7,10 +7,11 @@ from datasets.exceptions import DatasetNotFoundError
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
 from posbench.cli import main
-from posbench.data import DataError, hub, hub_env, scrolls_data, sources
+from posbench.data import DataError, hub, hub_env, sources
 from posbench.data.hub_errors import explain, kind_of
 from posbench.data.sources import open_source
 from posbench.data.splits import check_splits
+from posbench.tasks.scrolls import data as scrolls_data
 
 
 def _response(code: int, url: str = "https://huggingface.co/api/x"):

@@ -40,8 +40,8 @@ FIRST_BATCH = MEASURE + textwrap.dedent("""
     class FirstBatch(Exception):
         pass
 
-    from posbench.tasks import _lm_common
-    real_make = _lm_common.CachedChunkStream.make_examples
+    from posbench.tasks import corpus_task
+    real_make = corpus_task.CachedChunkStream.make_examples
 
     def first_batch(self, start, count):
         batch = real_make(self, start, count)
@@ -51,7 +51,7 @@ FIRST_BATCH = MEASURE + textwrap.dedent("""
                      rss_first_batch=rss_mb(), shape=list(batch.tokens.shape))
         raise FirstBatch
 
-    _lm_common.CachedChunkStream.make_examples = first_batch
+    corpus_task.CachedChunkStream.make_examples = first_batch
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
 

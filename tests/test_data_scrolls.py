@@ -1,12 +1,12 @@
 """SCROLLS files: local layout, duplicate ids merged into a list of references, query split at a blank line."""
 
+import json
 from pathlib import Path
 
 import pytest
 
 from posbench.data import DataError
-from posbench.data.scrolls_data import (DATASETS, load_split, merge_duplicates, parse_datasets, prompt_parts,
-                                        split_query)
+from posbench.tasks.scrolls.data import DATASETS, load_split, parse_datasets, prompt_parts, split_query
 
 FIXTURES = Path(__file__).parent / "fixtures" / "scrolls"
 
@@ -32,11 +32,13 @@ def test_summaries_have_no_question_and_prompts():
     assert prompt_parts("qasper", qa) == ("All experiments use English data.", "\n\nQuestion: What language?\nAnswer:")
 
 
-def test_merge_and_split_rules():
+def test_merge_and_split_rules(tmp_path):
     rows = [{"id": "a", "pid": "a0", "input": "q?\n\ndoc", "output": "x"},
             {"id": "b", "pid": "b0", "input": "q2\n\ndoc2", "output": "y"},
             {"id": "a", "pid": "a1", "input": "q?\n\ndoc", "output": "z"}]
-    merged = merge_duplicates(rows, "narrative_qa")
+    (tmp_path / "narrative_qa").mkdir()
+    (tmp_path / "narrative_qa" / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    merged = load_split("narrative_qa", "validation", tmp_path)
     assert [(e.id, e.outputs) for e in merged] == [("a", ["x", "z"]), ("b", ["y"])]
     assert split_query("qmsum", "no blank line") == ("no blank line", "")
     assert split_query("summ_screen_fd", "a\n\nb") == ("", "a\n\nb")

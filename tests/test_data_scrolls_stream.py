@@ -15,8 +15,8 @@ import pytest
 from data_standins import MEASURE, write_scrolls_zip
 from posbench.runs.config import resolve_run_config
 from posbench.data import DataError, hub
-from posbench.data import scrolls_data as sd
-from posbench.tasks.scrolls import Scrolls
+from posbench.tasks.scrolls import data as sd
+from posbench.tasks.scrolls.task import Scrolls
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "scrolls"
@@ -109,7 +109,7 @@ def test_cutting_documents_on_load_changes_no_prompt(tmp_path, side):
 MEMORY = MEASURE + textwrap.dedent("""
     from posbench.runs.config import resolve_run_config
 
-    from posbench.tasks.scrolls import Scrolls
+    from posbench.tasks.scrolls.task import Scrolls
 
     cfg = resolve_run_config("scrolls", "rope", "small", task_flags={"data": sys.argv[1], "datasets": "narrative_qa"})
     task = Scrolls(cfg)

@@ -10,7 +10,7 @@ from posbench.runs.config import resolve_run_config
 from posbench.data import DataError
 from posbench.data.sources import open_source
 from posbench.data.splits import check_splits
-from posbench.tasks.pretrain import Pretrain
+from posbench.tasks.pretrain.task import Pretrain
 
 
 def _jsonl(path, texts, field="text"):

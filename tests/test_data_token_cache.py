@@ -193,7 +193,7 @@ def test_block_order_is_a_permutation_per_block_and_epoch():
 
 
 def test_examples_read_while_the_cache_grows_equal_those_of_the_complete_cache(tmp_path, monkeypatch):
-    from posbench.tasks._lm_common import CachedChunkStream
+    from posbench.tasks.corpus_task import CachedChunkStream
 
     import threading
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import posbench.attention as attention
-from posbench.evaluation import speed
+from posbench.tasks.bench import speed
 from posbench.model import ModelConfig, Transformer
 
 from encoding_helpers import BUILTIN, CONTEXTUAL, perturb_cope, perturb_tape, task_context

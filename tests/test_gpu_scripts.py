@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from posbench.encodings import ENCODINGS
-from posbench.evaluation import speed
+from posbench.tasks.bench import speed
 from posbench.runs import runner
 from posbench.runs.config import resolve_run_config
 from posbench.tasks.bench import Bench

@@ -21,7 +21,7 @@ import torch
 from encoding_helpers import assert_close, one_thread  # noqa: F401 (a fixture)
 from posbench.data.batch import Batch
 from posbench.hf.adapter import HFCausalLM, HFModelConfig
-from posbench.hf.methods import METHODS, apply_method, embedding_and_norm_count, make_method, trainable_count
+from posbench.hf.methods import METHODS, apply_method, embedding_and_norm_count, make_method
 from posbench.train import TrainConfig, train
 from posbench.hf.rope import llama_of
 from posbench.hf.s2attn import s2_attention
@@ -30,6 +30,10 @@ from posbench.hf.tiny import tiny_config
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 61
 ALL = ["tape", "lora", "longlora", "theta"]
+
+
+def trainable_count(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def llama(kv_heads=None, layers=2, seed=0, attention="sdpa"):

@@ -22,7 +22,8 @@ import torch
 
 from posbench.bias import ScoreBias
 from posbench.cli import main
-from posbench.encodings import ENCODINGS, EncodingOptionError
+from posbench.encodings import ENCODINGS
+from posbench.options import OptionError
 from posbench.encodings.sandwich import distance_table
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
@@ -155,7 +156,7 @@ def test_kerple_parameters_stay_in_range_after_a_step_that_pushes_them_out(varia
     ({"variant": "power", "eps": 3.0}, "so eps must be <= 2"),
 ])
 def test_kerple_options_are_range_checked(options, message):
-    with pytest.raises(EncodingOptionError, match=message):
+    with pytest.raises(OptionError, match=message):
         build("kerple", **options)
 
 
@@ -228,7 +229,7 @@ def test_sandwich_past_its_table_is_not_finite():
     ({"base": 1.0}, "base=1.0 is out of range: it must be > 1"),
 ])
 def test_sandwich_options_are_range_checked(options, message):
-    with pytest.raises(EncodingOptionError, match=message):
+    with pytest.raises(OptionError, match=message):
         build("sandwich", **options)
 
 

@@ -142,3 +142,49 @@ def test_each_range_check_is_declared_once():
             if compared.search(line) and "raise" in line + lines[i + 1]:
                 offenders.append(f"{path.relative_to(PACKAGE)}:{i + 1}: {line.strip()}")
     assert offenders == []
+
+
+def unit_of(module: str) -> str:
+    """The README's name for the file or folder a module lives in: ``model.py``, ``tasks/``, ``__main__.py``."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "posbench/"
+    return f"{parts[1]}/" if (PACKAGE / parts[1]).is_dir() else f"{parts[1]}.py"
+
+
+def readme_layers() -> list[list[str]]:
+    """The README's architecture table: one list of files and folders per row, the lowest layer first."""
+    import re
+
+    text = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
+    table = text[text.index("## Architecture"):text.index("## Documentation")]
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
+    return [re.findall(r"`([^`]+)`", row) for row in rows]
+
+
+def test_the_readme_layer_table_names_every_module_once_and_every_import_goes_down():
+    """The table is the map: every file and folder of the package is in exactly one row, and a module imports
+    only from its own row or the rows above it (the package root, which holds the version, from anywhere)."""
+    layers = readme_layers()
+    row = {}
+    for index, names in enumerate(layers):
+        for name in names:
+            assert name not in row, f"{name} is in two rows of the README's table"
+            row[name] = index
+    graph = import_graph()
+    units = {unit_of(m) for m in graph} - {"posbench/"}
+    assert units == set(row), f"missing from the table: {sorted(units - set(row))}; " \
+                              f"not in the package: {sorted(set(row) - units)}"
+    upward = sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                    if unit_of(t) != "posbench/" and row[unit_of(t)] > row[unit_of(m)])
+    assert upward == []
+
+
+def test_the_layer_check_finds_an_import_that_goes_up():
+    """The check above can fail: an import from a lower row to a higher one is found."""
+    layers = readme_layers()
+    row = {name: i for i, names in enumerate(layers) for name in names}
+    assert row["errors.py"] < row["model.py"] < row["tasks/"] < row["cli/"]
+    graph = {"posbench.errors": {"posbench.cli.app"}}
+    upward = [f"{m} -> {t}" for m, targets in graph.items() for t in targets if row[unit_of(t)] > row[unit_of(m)]]
+    assert upward == ["posbench.errors -> posbench.cli.app"]

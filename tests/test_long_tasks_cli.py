@@ -117,7 +117,7 @@ def test_a_presets_tokenizer_gives_way_to_the_init_runs(results, capsys):
     """The paper preset names a 32k BPE for runs from scratch; with --init the init run's tokenizer is used
     (the preset's is not a user's request), while an explicit --tokenizer with --init is still refused."""
     from posbench.runs.config import resolve_run_config
-    from posbench.tasks.perplexity import Perplexity
+    from posbench.tasks.perplexity.task import Perplexity
 
     pre = _only_run(results, "pretrain", "rope")               # written by the test above (module scope)
     assert Perplexity.preset("paper")["task"]["tokenizer"] == "bpe:32000"

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from posbench.metrics import (PredictionsError, exact_match, normalize_answer, score_predictions_file, scrolls,
+from posbench.tasks.scrolls.metric import (PredictionsError, exact_match, normalize_answer, score_predictions_file, scrolls,
                               scrolls_score, token_f1, verify_predictions)
 
 

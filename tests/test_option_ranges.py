@@ -1,28 +1,75 @@
-"""Every encoding option states its valid range; a value outside it is refused as bad input (one line, exit
-code 2, nothing written) instead of training into a NaN."""
+"""Every option states its valid range; a value outside it is refused as bad input (one line, exit code 2,
+nothing written) instead of training into a NaN, and the same check runs from Python (``ModelConfig(...)``,
+``TrainConfig(...)``) as from the command line (``--set``)."""
 
 from __future__ import annotations
 
 import pytest
 
+from posbench.checks.encoding import build
+from posbench.checks.options import declared_well, refused
 from posbench.cli import main
 from posbench.encodings import ENCODINGS
-from posbench.encodings.options import Bound, Each, OneOf
+from posbench.hf.methods import METHODS
+from posbench.model import ModelConfig
+from posbench.options import Bound, OneOf, OptionError
+from posbench.tasks import TASKS
+from posbench.train.config import TrainConfig
 
-BUILTIN = ["abacus", "alibi", "cope", "dape", "fire", "kerple", "nope", "randpe", "rope", "sandwich", "t5", "tape", "xpos"]
+
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+def test_every_encoding_option_is_declared_with_a_range_and_refused_outside_it(name):
+    """The contract kit's options checks (``posbench check``), on every registered encoding."""
+    context = {"digit_ids": list(range(4, 14))} if "digit_ids" in ENCODINGS[name].task_context else {}
+    declared_well(ENCODINGS[name])
+    refused(ENCODINGS[name], lambda options: build(name, {**context, **options}, 50, "eager"))
 
 
-@pytest.mark.parametrize("name", BUILTIN)
-def test_every_non_boolean_option_has_a_range(name):
-    cls = ENCODINGS[name]
-    for key, default in cls.defaults.items():
-        if isinstance(default, bool):
-            continue
-        assert key in cls.limits, f"{name}.{key} states no valid range"
-        limit = cls.limits[key]
-        assert isinstance(limit, (Bound, OneOf, Each))
-        assert limit.admits(default), f"{name}.{key}'s default {default!r} is outside {limit.describe()}"
-    assert set(cls.limits) <= set(cls.defaults)
+@pytest.mark.parametrize("name", sorted(n for n in TASKS if n != "extend"))      # extend needs a pretrained --init
+def test_every_task_option_is_declared_with_a_range_and_refused_outside_it(name):
+    from posbench.checks.task import configure
+
+    preset = "tiny" if "tiny" in TASKS[name].preset_table() else None
+    declared_well(TASKS[name])
+    refused(TASKS[name], lambda options: configure(name, "rope", preset, (), options))
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_option_is_declared_with_a_range_and_refused_outside_it(name):
+    declared_well(METHODS[name])
+    refused(METHODS[name], lambda options: METHODS[name](**options))
+
+
+@pytest.mark.parametrize("owner", [ModelConfig, TrainConfig])
+def test_the_model_and_training_options_are_declared_and_refused_alike(owner):
+    declared_well(owner)
+    refused(owner, lambda options: owner(**options), unknown=False)      # an unknown keyword: Python's TypeError
+
+
+def test_a_model_config_built_in_python_is_checked_as_the_command_line_checks_it(tmp_path, capsys):
+    with pytest.raises(OptionError) as info:
+        ModelConfig(n_layers=-1, attention="nonsense")
+    assert str(info.value) == "model.n_layers=-1 is out of range: it must be >= 1"
+    with pytest.raises(OptionError) as info:
+        ModelConfig(attention="nonsense")
+    message = "model.attention='nonsense' is out of range: it must be one of auto, eager, flash_attn, flex, sdpa, " \
+              "sdpa_split"
+    assert str(info.value) == message
+    assert ModelConfig(n_layers="3").n_layers == 3                              # text is coerced, as from --set
+    code = main(["run", "-e", "rope", "-t", "arithmetic", "-p", "tiny", "--set", "model.attention=nonsense",
+                 "--out", str(tmp_path / "results"), "--quiet"])
+    assert code == 2 and capsys.readouterr().err.strip() == f"error: {message}"
+
+
+def test_old_style_declarations_are_refused_with_the_way_to_declare():
+    from posbench.encodings import PositionalEncoding
+
+    with pytest.raises(TypeError, match=r"declares its options in defaults, limits; declare each once in OPTIONS"):
+        class Old(PositionalEncoding):
+            name = "test-old-style"
+            defaults = {"theta": 1.0}
+            limits = {"theta": Bound(low=0)}
+    assert "test-old-style" not in ENCODINGS
 
 
 def test_bounds_by_hand():

@@ -69,7 +69,7 @@ def test_trial_seeds_and_keys_are_fixed():
 @pytest.mark.parametrize("loss", ["all", "answer"])
 def test_training_batches_take_the_loss_on_every_token_or_on_the_answer_only(loss):
     from posbench.data.batch import IGNORE_INDEX
-    from posbench.tasks.passkey import PasskeyStream
+    from posbench.tasks.passkey.task import PasskeyStream
 
     tok = ByteTokenizer()
     stream = PasskeyStream(0, pk.GridBuilder(tok), 300, tok.eos_id, tok.pad_id, loss)

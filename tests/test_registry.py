@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import posbench.registry
-from posbench.encodings import ENCODINGS, EncodingOptionError, PositionalEncoding
+from posbench.encodings import ENCODINGS, PositionalEncoding
 from posbench.model import ModelConfig, Transformer
+from posbench.options import Option, OptionError, positive
 from posbench.registry import Registry, UnknownNameError
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
@@ -21,11 +22,23 @@ def small_config(encoding: str, **options) -> ModelConfig:
                        encoding_options=options)
 
 
-def test_builtins_are_registered():
-    assert sorted(ENCODINGS) == BUILTIN
+def test_every_file_of_the_encodings_folder_is_imported_and_registers_its_encodings():
+    """Discovery, not a list: each module in ``posbench/encodings/`` (but the contract, ``base``) defines at least
+    one registered encoding of built-in origin, and every built-in encoding comes from one of them."""
+    import inspect
+    from pathlib import Path
+
+    import posbench.encodings
+
+    folder = Path(posbench.encodings.__file__).parent
+    modules = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_") and p.stem != "base"}
+    homes = {ENCODINGS[name].__module__.rsplit(".", 1)[1] for name in BUILTIN}
+    assert homes == modules
     for name in BUILTIN:
-        assert ENCODINGS[name].name == name
-        assert ENCODINGS.origin(name) == "built-in"
+        cls = ENCODINGS[name]
+        assert cls.name == name and ENCODINGS.origin(name) == "built-in"
+        assert Path(inspect.getfile(cls)).parent == folder
+    assert {"rope", "alibi", "tape"} <= set(BUILTIN)
 
 
 def test_subclass_registers_itself():
@@ -113,7 +126,7 @@ class FakeEntryPoint:
 def _define_plugin_class():
     class Sinusoidal(PositionalEncoding):
         name = "plugin-sincos"
-        defaults = {"base": 10000.0}
+        OPTIONS = {"base": Option(10000.0, "the sinusoids' base", positive())}
 
         def init_state(self, positions):
             return positions
@@ -195,7 +208,58 @@ def test_resolved_options_are_recorded_in_the_config():
     ("tape", {"scale": float("nan")}, "option scale=nan is out of range: it must be > 0"),
 ])
 def test_bad_options_are_refused_in_one_line(encoding, options, message):
-    with pytest.raises(EncodingOptionError) as info:
+    with pytest.raises(OptionError) as info:
         Transformer(small_config(encoding, **options))
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+# ---- the three ways in: a folder, --plugins, entry points (end to end in tests/test_plugins.py) ----------------
+def test_a_plugin_that_cannot_be_imported_is_one_line(capsys, monkeypatch, tmp_path):
+    from posbench.cli import main
+
+    monkeypatch.delenv("POSBENCH_PLUGINS", raising=False)     # restored afterwards: no other test sees ours
+    monkeypatch.chdir(tmp_path)
+    assert main(["--plugins", "no_such_plugin_module", "ls", "encodings"]) == 2
+    assert capsys.readouterr().err == "error: plugin 'no_such_plugin_module' cannot be imported " \
+                                      "(ModuleNotFoundError: No module named 'no_such_plugin_module')\n"
+    (tmp_path / "json.py").write_text("x = 1\n")                # named like a module Python has already imported
+    assert main(["--plugins", "json.py", "ls", "encodings"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: plugin 'json.py': a module named 'json' is already imported") and \
+        err.endswith("rename the file\n")
+    assert "POSBENCH_PLUGINS" not in __import__("os").environ   # a plugin that failed is not passed on
+
+
+def test_a_file_dropped_into_a_folder_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch):
+    from posbench.registry import PluginError, import_folder
+
+    folder = tmp_path / "dropin_pkg"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "good.py").write_text("VALUE = 1\n")
+    (folder / "broken.py").write_text("def oops(:\n")
+    (folder / "_private.py").write_text("raise RuntimeError('never imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginError) as info:
+        import_folder("dropin_pkg", [str(folder)])
+    assert str(info.value).startswith("cannot import dropin_pkg.broken (SyntaxError: ")
+    assert "\n" not in str(info.value)
+
+
+def test_a_plugin_module_registers_with_its_name_as_origin(monkeypatch, tmp_path):
+    """``load_plugins`` imports a module (here by file) once; its classes' origin names it."""
+    from posbench.registry import load_plugins
+
+    (tmp_path / "posbench_test_plugin_enc.py").write_text(
+        "from posbench.encodings import PositionalEncoding\n\n\n"
+        "class Plain(PositionalEncoding):\n    name = 'test-plugin-plain'\n")
+    monkeypatch.chdir(tmp_path)
+    try:
+        load_plugins(["posbench_test_plugin_enc.py"])
+        load_plugins(["posbench_test_plugin_enc.py"])                 # once only: no duplicate registration
+        assert ENCODINGS.origin("test-plugin-plain") == "plugin (posbench_test_plugin_enc)"
+    finally:
+        ENCODINGS.remove("test-plugin-plain")
+        import sys
+        sys.modules.pop("posbench_test_plugin_enc", None)

@@ -12,7 +12,7 @@ import torch
 from posbench.cli import main
 from posbench.data.batch import IGNORE_INDEX
 from posbench.encodings import ENCODINGS
-from posbench.progress import NullReporter
+from posbench.reporters import NullReporter
 from posbench.runs.config import resolve_run_config
 from posbench.tasks import TASKS
 

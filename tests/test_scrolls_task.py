@@ -7,9 +7,9 @@ import torch
 
 from posbench.errors import ConfigError
 from posbench.runs.config import resolve_run_config
-from posbench.data import scrolls_data as sd
+from posbench.tasks.scrolls import data as sd
 from posbench.data.batch import IGNORE_INDEX
-from posbench.tasks.scrolls import ExampleStream, Scrolls
+from posbench.tasks.scrolls.task import ExampleStream, Scrolls
 
 FIXTURES = Path(__file__).parent / "fixtures" / "scrolls"
 

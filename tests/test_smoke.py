@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from posbench.encodings import ENCODINGS, EncodingOptionError
+from posbench.encodings import ENCODINGS
+from posbench.options import OptionError
 from posbench.model import ModelConfig, Transformer
 
 #: what a task gives an encoding that names these options in its ``task_context`` (ids 4-13 are the digits 0-9
@@ -26,5 +27,5 @@ def test_every_encoding_builds_runs_and_generates():
 
 
 def test_an_encoding_built_without_what_only_a_task_gives_is_one_clear_error():
-    with pytest.raises(EncodingOptionError, match="needs digit_ids"):
+    with pytest.raises(OptionError, match="needs digit_ids"):
         Transformer(ModelConfig(vocab_size=40, encoding="abacus"))

@@ -12,8 +12,8 @@ import sys
 
 import typer
 
-from posbench.cli import bench, compare, export, extend, ls, run, score, sweep
-from posbench.cli.common import err, print_error
+from posbench.cli import bench, check, compare, export, extend, ls, run, score, sweep
+from posbench.cli.common import err, print_error, user_errors
 from posbench.cli.registry_help import ExtendHelp, RunHelp
 
 app = typer.Typer(
@@ -24,7 +24,22 @@ app = typer.Typer(
          "  posbench run --encoding rope,tape --task arithmetic\n\n"
          "  posbench compare results --plots figures\n\n"
          "  posbench sweep study.toml --jobs 2\n\n"
-         "  posbench ls encodings")
+         "  posbench ls encodings\n\n"
+         "  posbench --plugins my_encoding run --encoding mine --task arithmetic")
+
+
+@app.callback()
+def plugins(modules: list[str] = typer.Option(
+        [], "--plugins", metavar="MODULE",
+        help="import MODULE (a module name, or a .py file) before the command: its encodings, tasks and methods "
+             "register themselves; repeatable or comma-separated; also the environment variable POSBENCH_PLUGINS."
+        )) -> None:
+    """Compare positional encodings for transformer LMs."""
+    from posbench.registry import add_plugins, plugin_names
+
+    with user_errors():
+        add_plugins([name for value in modules for name in plugin_names(value)])
+
 
 app.command("run", epilog=run.RUN_EPILOG, cls=RunHelp)(run.run)
 app.command("ls", epilog=ls.LS_EPILOG)(ls.ls)
@@ -34,6 +49,7 @@ app.command("score", epilog=score.SCORE_EPILOG)(score.score)
 app.command("bench", epilog=bench.BENCH_EPILOG)(bench.bench)
 app.command("export", epilog=export.EXPORT_EPILOG)(export.export)
 app.command("sweep", epilog=sweep.SWEEP_EPILOG)(sweep.sweep)
+app.command("check", epilog=check.CHECK_EPILOG)(check.check)
 
 
 # ---- entry point -------------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def progress_reporter(quiet: bool):
     """Training progress on stderr (none with ``--quiet``); the libraries' download / preprocessing bars and
     posbench's data bars follow the same switch."""
     from posbench.data.progress import library_progress
-    from posbench.progress import NullReporter, RichReporter
+    from posbench.reporters import NullReporter, RichReporter
 
     library_progress(not quiet)
     return NullReporter() if quiet else RichReporter(err())

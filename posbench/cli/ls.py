@@ -1,4 +1,5 @@
-"""``posbench ls``: list encodings, tasks and presets.
+"""``posbench ls``: list encodings, tasks, presets and extension methods; ``posbench ls KIND NAME`` shows one of
+them with every option it declares (default, valid range, help).
 
 Each listing is one table when it fits the console; when it does not (a pipe or an 80-column terminal),
 the long column (options) leaves the table and follows it as one wrapped line per row, so that no row is
@@ -22,23 +23,35 @@ LS_EPILOG = """[bold]Examples[/bold]
 
   posbench ls encodings
 
+  posbench ls encodings rope          (its options: default, range, help)
+
+  posbench ls tasks arithmetic        (its options, version and presets)
+
   posbench ls presets
 """
 
-LS_KINDS = ("encodings", "tasks", "presets")
+LS_KINDS = ("encodings", "tasks", "presets", "methods")
 
 
-def ls(what: Optional[str] = typer.Argument(None, help="encodings, tasks or presets (default: all).")) -> None:
-    """List encodings, tasks and presets: name, description, origin (built-in or plugin), key defaults,
-    each preset's expected time."""
+def ls(what: Optional[str] = typer.Argument(None, help="encodings, tasks, presets or methods (default: all)."),
+       name: Optional[str] = typer.Argument(None, help="one encoding, task or method: its options in full.")) -> None:
+    """List encodings, tasks, presets and extension methods: name, description, origin (built-in or plugin), key
+    defaults, each preset's expected time. With a NAME: that one's every option (default, range, help)."""
     with user_errors():
-        if what is not None and what not in LS_KINDS:
-            from posbench.registry import UnknownNameError
+        from posbench.registry import UnknownNameError
 
+        if what is not None and what not in LS_KINDS:
             raise UnknownNameError("listing", what, list(LS_KINDS))
-        kinds = [what] if what else list(LS_KINDS)
         console = out()
-        listings = {"encodings": encodings_listing, "tasks": tasks_listing, "presets": presets_listing}
+        if name is not None:
+            if what not in DETAILS:
+                raise UnknownNameError("listing with a name", str(what), list(DETAILS))
+            for item in DETAILS[what](name):
+                console.print(item, soft_wrap=False)
+            return
+        kinds = [what] if what else list(LS_KINDS)
+        listings = {"encodings": encodings_listing, "tasks": tasks_listing, "presets": presets_listing,
+                    "methods": methods_listing}
         for kind in kinds:
             for item in listings[kind](console.width):
                 console.print(item, soft_wrap=False)
@@ -76,7 +89,7 @@ def _listing(title: str, headers: list[str], rows: list[list[str]], width: int) 
 def encodings_listing(width: int) -> list[RenderableType]:
     from posbench.encodings import ENCODINGS
 
-    rows = [[name, ENCODINGS[name].description, ENCODINGS.origin(name), kv(ENCODINGS[name].defaults)]
+    rows = [[name, ENCODINGS[name].description, ENCODINGS.origin(name), kv(ENCODINGS[name].defaults())]
             for name in ENCODINGS]
     return _listing("encodings", ["name", "description", "origin", "options (defaults)"], rows, width)
 
@@ -88,8 +101,86 @@ def tasks_listing(width: int) -> list[RenderableType]:
     for name in TASKS:
         cls = TASKS[name]
         presets = ", ".join(f"{p}*" if p == cls.default_preset else p for p in cls.preset_table())
-        rows.append([name, cls.description, TASKS.origin(name), presets, kv(cls.options)])
+        rows.append([name, cls.description, TASKS.origin(name), presets, kv(cls.defaults())])
     return _listing("tasks", ["name", "description", "origin", "presets", "options (defaults)"], rows, width)
+
+
+def methods_listing(width: int) -> list[RenderableType]:
+    from posbench.hf.methods import METHODS
+
+    rows = [[name, METHODS[name].description, kv(METHODS[name].defaults())] for name in METHODS]
+    return _listing("methods (posbench extend --method)", ["name", "description", "options (defaults)"], rows,
+                    width)
+
+
+# ---- one of them, in full ------------------------------------------------------------------------------------
+
+def option_rows(cls: Any) -> list[list[str]]:
+    """One row per declared option: name, default, valid range, help."""
+    from posbench.options import declared
+
+    return [[key, "(the task gives it)" if o.from_task else show(o.default), o.describe(), o.help]
+            for key, o in declared(cls).items()]
+
+
+def show(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(show(v) for v in value) or "(empty)"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return repr(value) if value == "" else str(value)
+
+
+def detail(kind: str, cls: Any, facts: list[tuple[str, str]]) -> list[RenderableType]:
+    """The title, the facts, and the options: one table if it fits, else the table without the help, which
+    follows it as one line per option."""
+    head: list[RenderableType] = [Text.assemble((f"{kind} {cls.name}", "bold"), f": {cls.description}"),
+                                  *_lines(facts)]
+    rows = option_rows(cls)
+    if not rows:
+        return head + [Text("  no options")]
+    return head + _listing("options", ["option", "default", "range", "help"], rows, out().width)[1:]
+
+
+def encoding_detail(name: str) -> list[RenderableType]:
+    from posbench.encodings import ENCODINGS
+
+    cls = ENCODINGS.get(name)
+    return detail("encoding", cls, [("origin", f"{ENCODINGS.origin(name)}, {cls.__module__}.{cls.__qualname__}"),
+                                    ("set with", f"--set encoding.KEY=VALUE, or ModelConfig(encoding_options=...)")])
+
+
+def task_detail(name: str) -> list[RenderableType]:
+    from posbench.tasks import TASKS
+
+    cls = TASKS.get(name)
+    presets = ", ".join(f"{p}*" if p == cls.default_preset else p for p in cls.preset_table()) or "none"
+    return detail("task", cls, [("origin", f"{TASKS.origin(name)}, {cls.__module__}.{cls.__qualname__}"),
+                                ("version", str(cls.version)), ("presets", f"{presets} (* the default)"),
+                                ("set with", "--set task.KEY=VALUE")])
+
+
+def method_detail(name: str) -> list[RenderableType]:
+    from posbench.hf.methods import METHODS
+
+    cls = METHODS.get(name)
+    return detail("method", cls, [("trains", "yes" if cls.trains else "nothing (--steps 0)"),
+                                  ("set with", "--set method.KEY=VALUE")])
+
+
+def presets_detail(name: str) -> list[RenderableType]:
+    from posbench.tasks import TASKS
+
+    TASKS.get(name)
+    rows = preset_rows(name)
+    table = _table(["preset", "model", "seq", "steps x batch", "lr", "time"],
+                   [[r["preset"], r["shape"], r["seq"], r["steps"], r["lr"], r["time"]] for r in rows])
+    return [Text(f"presets of task {name} (* default)", style="bold"), table,
+            *_lines([(r["preset"], f"expected {r['expected']}{r['note']}; task options: {r['options']}")
+                     for r in rows])]
+
+
+DETAILS = {"encodings": encoding_detail, "tasks": task_detail, "methods": method_detail, "presets": presets_detail}
 
 
 def fmt_seconds(seconds: float) -> str:
@@ -137,7 +228,7 @@ def preset_rows(name: str) -> list[dict[str, str]]:
             "steps": f"{train['steps']} x {train['batch_size']}", "lr": f"{train['lr']:g}",
             "expected": fmt_expected(expected), "note": f"; {note}" if note else "",
             "time": fmt_seconds(float(expected["seconds"])) if fmt_expected(expected) != "-" else "-",
-            "options": kv({**cls.options, **sections.get("task", {})}),
+            "options": kv({**cls.defaults(), **sections.get("task", {})}),
         })
     return rows
 

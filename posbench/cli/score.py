@@ -32,8 +32,8 @@ def score(
     """Score a SCROLLS predictions file with the official metric (validated like the official verifier)."""
     from rich.table import Table
 
-    from posbench.data.scrolls_data import load_split
-    from posbench.metrics import score_predictions_file
+    from posbench.tasks.scrolls.data import load_split
+    from posbench.tasks.scrolls.metric import score_predictions_file
     from posbench.runs.record import ResultError
 
     with user_errors():

@@ -1,4 +1,4 @@
-"""Data for posbench: text sources, the built-in corpus, tokenizers, SCROLLS files, and reading at scale.
+"""Data for posbench: text sources, the built-in corpus, tokenizers and reading at scale (SCROLLS' own files: ``posbench.tasks.scrolls.data``).
 
 Submodules are imported on demand so that importing the package stays cheap:
 
@@ -7,7 +7,6 @@ Submodules are imported on demand so that importing the package stays cheap:
 * ``tokenizer``, ``corpus``, ``char``;
 * ``lm`` (token streams; ``corpus_tokens`` picks memory or the on-disk cache), ``token_cache`` (tokenising into
   a memory-mapped file in the background), ``chunks`` (the training order over a growing cache);
-* ``scrolls_data`` (SCROLLS, streamed to the budget);
 * ``progress`` (``library_progress``, the CLI's ``--quiet`` switch, and the data progress bars),
   ``hub_errors`` (gated / missing / script repositories in one line).
 """

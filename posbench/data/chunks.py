@@ -1,6 +1,6 @@
 """Training windows read from a growing token cache, in an order that never waits for the whole budget.
 
-``ChunkStream`` (``posbench.tasks._lm_common``) visits the non-overlapping windows of an in-memory token array
+``ChunkStream`` (``posbench.tasks.corpus_task``) visits the non-overlapping windows of an in-memory token array
 in one random permutation per epoch: example 0 may be the last window, so all tokens must exist before step 1.
 For budgets tokenised into a :class:`~posbench.data.token_cache.TokenCache` the order is *block-local*
 instead: window ``w`` lies in block ``w // B`` (``B = block_tokens // length`` windows; 4M tokens, i.e. 4096

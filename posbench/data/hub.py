@@ -27,7 +27,7 @@ live in such repositories; posbench therefore never loads them by name but reads
 Any other ``owner/name[:config]`` is loaded with ``datasets.load_dataset(name, config, streaming=True)``: it
 must be a repository with data files (parquet, json, csv, text...). A script repository fails with a one-line
 error that says so (:mod:`posbench.data.hub_errors`). ``tau/scrolls`` (a script repository with one zip per
-data set) is read by the ``scrolls`` task through :mod:`posbench.data.scrolls_data`, not as a text corpus.
+data set) is read by the ``scrolls`` task through :mod:`posbench.tasks.scrolls.data`, not as a text corpus.
 
 ``HUB_ROOT`` is where repositories are found: ``hf://datasets`` (huggingface_hub's fsspec file system), or
 ``$POSBENCH_HUB_ROOT`` when set: a local mirror in the hub's layout (``ROOT/allenai/c4/en/...``, e.g. made with

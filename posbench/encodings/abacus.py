@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.encodings.base import PositionalEncoding
-from posbench.encodings.options import Each, EncodingOptionError, at_least
+from posbench.options import Each, Option, OptionError, at_least
 
 RUN, OFFSET = "abacus.run", "abacus.offset"     # keys of this encoding's entries in a KV cache's memory
 
@@ -55,21 +55,24 @@ class Abacus(PositionalEncoding):
     name = "abacus"
     description = "learned embedding of each digit's place in its number, random offset in training (arithmetic)"
     relative = False
-    defaults = {"digit_ids": [], "max_k": 99, "max_digits": 0, "per_example": False}
-    limits = {"digit_ids": Each(at_least(0), min_items=0), "max_k": at_least(0), "max_digits": at_least(0)}
-    task_context = ("digit_ids",)
-    task_context_help = {"digit_ids": "the token ids of the digits 0-9"}
+    OPTIONS = {
+        "digit_ids": Option([], "the token ids of the digits 0-9", Each(at_least(0), min_items=0), from_task=True),
+        "max_k": Option(99, "the largest random offset k ~ U{0..max_k} added while training (the paper's 100)",
+                        at_least(0)),
+        "max_digits": Option(0, "table rows for numbers of up to this many digits (0: max_seq_len)", at_least(0)),
+        "per_example": Option(False, "draw k once per example (default: once per batch, as the released code)"),
+    }
 
     @classmethod
     def check_options(cls, options) -> None:
         ids = options["digit_ids"]
         if not ids:
-            raise EncodingOptionError("encoding 'abacus' needs digit_ids (the token ids of the digits 0-9), which "
-                                      "the task gives: it runs on tasks whose tokens are digits (posbench run "
-                                      "--task arithmetic)")
+            raise OptionError("encoding 'abacus' needs digit_ids (the token ids of the digits 0-9), which "
+                              "the task gives: it runs on tasks whose tokens are digits (posbench run "
+                              "--task arithmetic)")
         if len(ids) != 10 or len(set(ids)) != 10:
-            raise EncodingOptionError(f"encoding 'abacus' option digit_ids={ids!r}: expected the 10 distinct token "
-                                      f"ids of the digits 0-9")
+            raise OptionError(f"encoding 'abacus' option digit_ids={ids!r}: expected the 10 distinct token "
+                              f"ids of the digits 0-9")
 
     def __init__(self, n_layers: int, n_heads: int, head_dim: int, d_model: int, max_seq_len: int, **options):
         super().__init__(n_layers, n_heads, head_dim, d_model, max_seq_len, **options)

@@ -32,13 +32,13 @@ encoding defines ``score_bias`` or ``context_bias``, not both (``has_bias`` / ``
 Token ids. ``read_tokens(tokens, state, memory)`` sees the token ids ``[B, N]`` of the forward pass. With a KV
 cache, one forward pass sees only the new tokens: ``memory`` is a dict the cache keeps for the encoding between
 its calls (None without a cache), where it leaves what the next tokens need (Abacus: each row's digit run at
-the last token). Options that only a task can give (Abacus's ``digit_ids``) are named in ``task_context``;
-the run configuration fills them from ``Task.encoding_context()``.
+the last token). Options that only a task can give (Abacus's ``digit_ids``) are declared
+``Option(..., from_task=True)``; the run configuration fills them from ``Task.encoding_context()``.
 
 Static encodings leave the state unchanged. Each encoding must put exactly one position signal into
-the model (NoPE none). Options are declared in ``defaults`` (value and type) and ``limits`` (valid range of
-every non-boolean option); both are checked when the encoding is built, and every resolved option is recorded
-in the model's config. Hooks receive the layer as a Python int; keep them free of graph breaks (no Python
+the model (NoPE none). Options are declared once, in ``OPTIONS`` (``posbench.options.Option``: default, help,
+valid range); they are checked when the encoding is built (``Configurable.resolve``, constraints between
+options in ``check_options``), and every resolved option is recorded in the model's config. Hooks receive the layer as a Python int; keep them free of graph breaks (no Python
 ``random``, no ``.item()``) so that a compiled model is one graph for all layers.
 """
 
@@ -50,36 +50,32 @@ import torch
 from torch import Tensor, nn
 
 from posbench.bias import ScoreBias
-from posbench import options as opts
-from posbench.encodings.options import Bound, EncodingOptionError, OneOf
+from posbench.options import Configurable
 from posbench.registry import Registry
 
 ENCODINGS: Registry = Registry("encoding", entry_point_group="posbench.encodings")
 
-__all__ = ["ENCODINGS", "EncodingOptionError", "PositionalEncoding", "rope_cos_sin", "rotate_half"]
+__all__ = ["ENCODINGS", "PositionalEncoding", "rope_cos_sin", "rotate_half"]
 
 
-class PositionalEncoding(nn.Module):
-    """Base class: subclass it, set ``name`` and override the hooks you need."""
+class PositionalEncoding(Configurable, nn.Module):
+    """Base class: subclass it, set ``name``, declare ``OPTIONS`` and override the hooks you need."""
 
+    kind: ClassVar[str] = "encoding"
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
-    defaults: ClassVar[dict[str, Any]] = {}
-    #: the valid range of each non-boolean option (``Bound`` for numbers, ``OneOf`` for names, ``Each`` for lists)
-    limits: ClassVar[dict[str, Bound | OneOf]] = {}
     #: logits are unchanged when every position is shifted by a constant (at eval)
     relative: ClassVar[bool] = False
     #: adds a logit bias (set automatically: the class overrides ``score_bias``)
     has_bias: ClassVar[bool] = False
     #: adds a logit bias computed from q and k (set automatically: the class overrides ``context_bias``)
     has_context_bias: ClassVar[bool] = False
-    #: options only a task can give (``Task.encoding_context()`` fills them), e.g. ``("digit_ids",)``
+    #: the options only a task can give (set automatically: those declared ``Option(..., from_task=True)``)
     task_context: ClassVar[tuple[str, ...]] = ()
-    #: what each of those options is, for the one-line refusal on a task that cannot give it
-    task_context_help: ClassVar[dict[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        cls.task_context = tuple(key for key, o in cls.OPTIONS.items() if o.from_task)
         cls.has_bias = cls.score_bias is not PositionalEncoding.score_bias
         cls.has_context_bias = cls.context_bias is not PositionalEncoding.context_bias
         if cls.has_bias and cls.has_context_bias:
@@ -91,19 +87,7 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         self.n_layers, self.n_heads, self.head_dim = n_layers, n_heads, head_dim
         self.d_model, self.max_seq_len = d_model, max_seq_len
-        self.options = self.resolve(options)
-
-    @classmethod
-    def resolve(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """``options`` over the defaults, type- and range-checked, then ``check_options``: what the encoding
-        is built with, and what ``posbench run`` checks before it writes anything."""
-        resolved = opts.resolve(f"encoding '{cls.name}'", cls.defaults, options, cls.limits)
-        cls.check_options(resolved)
-        return resolved
-
-    @classmethod
-    def check_options(cls, options: dict[str, Any]) -> None:
-        """Constraints between options (each one's own range is in ``limits``); raise EncodingOptionError."""
+        self.options = self.resolve(options)     # the one check, as ``posbench run`` makes it before it writes
 
     # ---- hooks (defaults: no positional signal, state unchanged) -------------------------------------
     def init_weights(self) -> None:

@@ -40,8 +40,8 @@ import torch
 from torch import Tensor, nn
 
 from posbench.encodings.base import PositionalEncoding
-from posbench.encodings.options import EncodingOptionError, at_least
 from posbench.generate import UNWRITTEN
+from posbench.options import Option, OptionError, at_least
 
 
 def reversed_positions(reversed_logits: Tensor, npos_max: int) -> Tensor:
@@ -51,12 +51,6 @@ def reversed_positions(reversed_logits: Tensor, npos_max: int) -> Tensor:
     ``npos_max - 1``; zero for the keys a query may not see."""
     gates = torch.sigmoid(reversed_logits).triu()
     return gates.cumsum(-1).clamp(max=npos_max - 1)
-
-
-def cope_positions(gate_logits: Tensor, npos_max: int) -> Tensor:
-    """Positions ``p_ij = sum_{t=j..i} sigmoid(l_it)`` from the scaled logits ``l [B, H, Nq, Nk]`` (bottom-right
-    causal: query i is the (Nk - Nq + i)-th key), clamped to ``npos_max - 1``; zero right of the diagonal."""
-    return reversed_positions(gate_logits.flip(-2, -1), npos_max).flip(-2, -1)
 
 
 def interpolated_logits(pos_logits: Tensor, positions: Tensor) -> Tensor:
@@ -74,14 +68,14 @@ class CoPE(PositionalEncoding):
     name = "cope"
     description = "contextual positions: gates sigmoid(q.k) counted from key to query, learned embeddings"
     relative = True            # positions never enter: the logits depend on q and k only
-    defaults = {"npos_max": 0}
-    limits = {"npos_max": at_least(0)}
+    OPTIONS = {"npos_max": Option(0, "positions with an embedding (0: max_seq_len + 1); larger ones are clamped",
+                                  at_least(0))}
 
     @classmethod
     def check_options(cls, options):
         if options["npos_max"] == 1:
-            raise EncodingOptionError("encoding 'cope' option npos_max=1 is out of range: it must be 0 "
-                                      "(max_seq_len + 1) or at least 2")
+            raise OptionError("encoding 'cope' option npos_max=1 is out of range: it must be 0 "
+                              "(max_seq_len + 1) or at least 2")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

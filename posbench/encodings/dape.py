@@ -18,12 +18,21 @@ is posbench's KERPLE, log kernel by default):
   before the bias is applied), unmasked (the causal mask comes after);
 - the concatenation is [logits of the H heads, base bias of the H heads], in that order; f is
   Linear(2H, hidden), LeakyReLU (slope 0.01), Linear(hidden, H), with biases, one per layer;
-- f's weights get the model's N(0, 0.02) initialisation (biases zero), like every other Linear.
+- f's weights get the model's N(0, 0.02) initialisation (biases zero), like every other Linear;
+- every attention layer has its own base: the released code builds ``ParallelKerpleLog_C`` and ``FIRE_C`` inside
+  each attention layer (``megatron/model/transformer.py``), so DAPE-KERPLE learns one (r1, r2) pair per layer
+  (option ``base_per_layer``, default true; false shares one pair, posbench's KERPLE default). FIRE is per layer
+  either way and ALiBi has no parameters;
+- DAPE-FIRE's threshold starts at L = 64: the released configurations (``configs/125M/512/125M_fire_c.yml``,
+  ``noise_seq_length: 128``) give ``FIRE_C`` ``init_L = noise_seq_length = 128``, which it stores as
+  ``init_L // 2 = 64`` (option ``fire_init_l``, default 64; posbench's FIRE on its own starts at 512, the TAPE
+  reference's value).
 
 The base bias is an option (``base``), computed by that encoding's own ``score_bias`` (one instance of it, with
-its default options, lives inside this module), so ALiBi's slopes and FIRE's learned MLP are those encodings'
-code. A base is any encoding with an element-wise bias named in ``BASES``; adding one is adding its name. The
-released code's FIRE_C uses LeakyReLU inside FIRE's own MLP; here FIRE is posbench's FIRE (ReLU), unchanged.
+its default options but for the two above, lives inside this module), so ALiBi's slopes and FIRE's learned MLP are
+those encodings' code. A base is any encoding with an element-wise bias named in ``BASES``; adding one is adding
+its name. The released code's FIRE_C uses LeakyReLU inside FIRE's own MLP; here FIRE is posbench's FIRE (ReLU),
+unchanged.
 
 Cost: f runs on every (i, j) of every layer, so DAPE materialises ``[B, hidden, Nq * Nk]`` per layer (the MLP's
 hidden layer, kept for the backward: 512 MiB at 2048 tokens and hidden 32, float32). The first layer is split as
@@ -40,7 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posbench.encodings.base import ENCODINGS, PositionalEncoding
-from posbench.encodings.options import OneOf, at_least
+from posbench.options import OneOf, Option, at_least, positive
 
 #: encodings whose element-wise bias (``score_bias``) can be DAPE's base
 BASES = ("alibi", "fire", "kerple")
@@ -80,13 +89,27 @@ class DAPE(PositionalEncoding):
     name = "dape"
     description = "data-adaptive: an MLP over every head's logit and base bias (alibi or fire) adjusts the logits"
     relative = True            # while its base is (FIRE: positions below L)
-    defaults = {"base": "alibi", "hidden": 32}
-    limits = {"base": OneOf(BASES), "hidden": at_least(1)}
+    OPTIONS = {
+        "base": Option("alibi", "the base bias: an encoding with an element-wise bias", OneOf(BASES)),
+        "hidden": Option(32, "hidden size of the MLP over every head's logit and base bias (the paper's D_DAPE)",
+                         at_least(1)),
+        "base_per_layer": Option(True, "each layer its own base parameters (KERPLE's r1, r2), as the released code; "
+                                       "false: one pair shared by every layer"),
+        "fire_init_l": Option(64.0, "base fire: the threshold L's initial value (the released code: init_L // 2 = "
+                                    "64 from its noise length 128)", positive()),
+    }
 
     def __init__(self, n_layers: int, n_heads: int, head_dim: int, d_model: int, max_seq_len: int, **options):
         super().__init__(n_layers, n_heads, head_dim, d_model, max_seq_len, **options)
-        self.base = ENCODINGS.get(self.options["base"])(n_layers, n_heads, head_dim, d_model, max_seq_len)
+        base = ENCODINGS.get(self.options["base"])
+        self.base = base(n_layers, n_heads, head_dim, d_model, max_seq_len, **self.base_options(base))
         self.layers = nn.ModuleList(DAPELayer(n_heads, self.options["hidden"]) for _ in range(n_layers))
+
+    def base_options(self, base: type) -> dict:
+        """The base's options that DAPE sets as the released code does (the others keep their defaults):
+        ``per_layer`` (KERPLE) from ``base_per_layer``, ``init_l`` (FIRE) from ``fire_init_l``."""
+        ours = {"per_layer": self.options["base_per_layer"], "init_l": self.options["fire_init_l"]}
+        return {key: value for key, value in ours.items() if key in base.OPTIONS}
 
     def init_weights(self) -> None:
         self.base.init_weights()

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from posbench.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
-from posbench.encodings.options import Bound, at_least, positive
+from posbench.options import Bound, Option, at_least, positive
 
 
 def fire_bias(head: Tensor, q_pos: Tensor, k_pos: Tensor, c_num: Tensor, c_den: Tensor, threshold: Tensor,
@@ -99,9 +99,14 @@ class FIRE(PositionalEncoding):
     name = "fire"
     description = "functional interpolation: learned MLP bias of log-scaled, progressively normalised distance"
     relative = True  # only while positions stay below L
-    defaults = {"hidden": 32, "c": 0.1, "init_l": 512.0, "eps": 1e-6}
-    # c = 0 would never move (psi's gradient in c is zero there)
-    limits = {"hidden": at_least(1), "c": positive(), "init_l": positive(), "eps": Bound(low=0)}
+    OPTIONS = {
+        "hidden": Option(32, "hidden width of the MLP 1 -> hidden -> heads", at_least(1)),
+        # c = 0 would never move (psi's gradient in c is zero there)
+        "c": Option(0.1, "initial c of psi(x) = log(|c x| + 1) (learned)", positive()),
+        "init_l": Option(512.0, "the threshold L = |L_mult * init_l| below which the bias is relative (L_mult "
+                                "learned from 1)", positive()),
+        "eps": Option(1e-6, "added to the normaliser psi(max(i, L))", Bound(low=0)),
+    }
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from posbench.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
-from posbench.encodings.options import EncodingOptionError, OneOf, positive
+from posbench.options import OneOf, Option, OptionError, positive
 
 VARIANTS = ("log", "power")
 #: the power kernel's exponent stays at most 2 (conditionally positive definite), as the released code clamps it
@@ -79,15 +79,18 @@ class KERPLE(PositionalEncoding):
     name = "kerple"
     description = "kernelised relative bias: -r1 log(1 + r2 |i-j|) or -r1 |i-j|^r2, r1, r2 > 0 learned per head"
     relative = True
-    defaults = {"variant": "log", "per_layer": False, "eps": 0.01}
-    limits = {"variant": OneOf(VARIANTS), "eps": positive()}
+    OPTIONS = {
+        "variant": Option("log", "the kernel: log, -r1 log(1 + r2 d), or power, -r1 d^r2", OneOf(VARIANTS)),
+        "per_layer": Option(False, "one (r1, r2) per layer (default: one pair for every layer, as the released "
+                                   "code)"),
+        "eps": Option(0.01, "the least value of r1 and r2 (projected before every forward pass)", positive()),
+    }
 
     @classmethod
     def check_options(cls, options):
         if options["variant"] == "power" and options["eps"] > MAX_POWER:
-            raise EncodingOptionError(f"encoding 'kerple' option eps={options['eps']!r} is out of range: the power "
-                                      f"variant's exponent lies in [eps, {MAX_POWER:g}], so eps must be <= "
-                                      f"{MAX_POWER:g}")
+            raise OptionError(f"encoding 'kerple' option eps={options['eps']!r} is out of range: the power "
+                              f"variant's exponent lies in [eps, {MAX_POWER:g}], so eps must be <= {MAX_POWER:g}")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from posbench.encodings.base import rope_cos_sin
-from posbench.encodings.options import at_least, positive
+from posbench.options import Option, at_least, positive
 from posbench.encodings.rope import RoPE, apply_rotary
 
 
@@ -27,8 +27,12 @@ class RandPE(RoPE):
     name = "randpe"
     description = "RoPE at sorted random positions drawn from 2x the training length"
     relative = False  # random positions while training; relative (plain RoPE) at eval
-    defaults = {"theta": 10000.0, "range_factor": 2, "per_layer": False, "eval_random": False}
-    limits = {"theta": positive(), "range_factor": at_least(1)}
+    OPTIONS = {
+        "theta": Option(10000.0, "the rotary base", positive()),
+        "range_factor": Option(2, "positions are drawn from range_factor x max_seq_len", at_least(1)),
+        "per_layer": Option(False, "new positions in every layer (the TAPE reference; default: one draw per pass)"),
+        "eval_random": Option(False, "random positions at evaluation too (the reference; no KV cache then)"),
+    }
 
     def sample_positions(self, positions: Tensor) -> Tensor:
         n = positions.shape[-1]

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from posbench.encodings.base import PositionalEncoding, rope_cos_sin, rotate_half
-from posbench.encodings.options import positive
+from posbench.options import Option, positive
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -34,8 +34,11 @@ class RoPE(PositionalEncoding):
     name = "rope"
     description = "rotary embedding, half-split layout, theta 10000"
     relative = True
-    defaults = {"theta": 10000.0, "scale": 1.0, "random_offset": False}
-    limits = {"theta": positive(), "scale": positive()}
+    OPTIONS = {
+        "theta": Option(10000.0, "the rotary base", positive()),
+        "scale": Option(1.0, "positions are divided by this (linear position interpolation)", positive()),
+        "random_offset": Option(False, "while training, shift every position by one k ~ U{0..2 max_seq_len}"),
+    }
 
     def positions_for(self, positions: Tensor) -> Tensor:
         """Positions actually rotated (subclasses randomise them)."""

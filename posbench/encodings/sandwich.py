@@ -42,7 +42,7 @@ from torch import Tensor
 
 from posbench.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
-from posbench.encodings.options import Bound, EncodingOptionError, at_least
+from posbench.options import Bound, Option, OptionError, at_least
 
 #: distances per block of the table's construction (``distance_table``)
 TABLE_BLOCK = 1024
@@ -86,22 +86,26 @@ class Sandwich(PositionalEncoding):
     name = "sandwich"
     description = "parameter-free bias: inner product of sinusoidal embeddings, compressed per head (8h/H)"
     relative = True
-    defaults = {"d_bar": 0, "base": 10000.0, "max_distance": 2 ** 20}
-    limits = {"d_bar": at_least(0), "base": Bound(low=1, low_strict=True), "max_distance": at_least(1)}
+    OPTIONS = {
+        "d_bar": Option(0, "width of the sinusoidal embeddings, even (0: the head size)", at_least(0)),
+        "base": Option(10000.0, "the sinusoids' base", Bound(low=1, low_strict=True)),
+        "max_distance": Option(2 ** 20, "the longest distance in the bias table (past it the bias is NaN)",
+                               at_least(1)),
+    }
 
     @classmethod
     def check_options(cls, options):
         if options["d_bar"] % 2:
-            raise EncodingOptionError(f"encoding 'sandwich' option d_bar={options['d_bar']} is out of range: it must "
-                                      f"be even (a sin and a cos per frequency), or 0 for the head size")
+            raise OptionError(f"encoding 'sandwich' option d_bar={options['d_bar']} is out of range: it must "
+                              f"be even (a sin and a cos per frequency), or 0 for the head size")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         o = self.options
         self.d_bar = o["d_bar"] or self.head_dim
         if self.d_bar % 2:
-            raise EncodingOptionError(f"encoding 'sandwich' option d_bar=0 means the head size, {self.head_dim}, "
-                                      f"which is odd: set an even d_bar")
+            raise OptionError(f"encoding 'sandwich' option d_bar=0 means the head size, {self.head_dim}, "
+                              f"which is odd: set an even d_bar")
         table = distance_table(self.d_bar, o["base"], o["max_distance"])
         self.register_buffer("table", table.to(torch.float32), persistent=False)
         self.register_buffer("inverse_ratio", inverse_ratios(self.n_heads).to(torch.float32), persistent=False)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from posbench.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
-from posbench.encodings.options import EncodingOptionError, at_least
+from posbench.options import Option, OptionError, at_least
 
 
 def causal_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
@@ -42,15 +42,17 @@ class T5Bias(PositionalEncoding):
     name = "t5"
     description = "T5 learned relative bias, causal, 64 log buckets up to distance 128"
     relative = True
-    defaults = {"num_buckets": 64, "max_distance": 128}
-    limits = {"num_buckets": at_least(2), "max_distance": at_least(2)}
+    OPTIONS = {
+        "num_buckets": Option(64, "distance buckets: the first half exact, the rest log-spaced", at_least(2)),
+        "max_distance": Option(128, "where the log-spaced buckets end (> num_buckets / 2)", at_least(2)),
+    }
 
     @classmethod
     def check_options(cls, options):
         buckets, max_distance = options["num_buckets"], options["max_distance"]
         if max_distance <= buckets // 2:
-            raise EncodingOptionError(f"encoding 't5' option max_distance={max_distance} is out of range: it must "
-                                      f"be > num_buckets / 2 ({buckets // 2}), where the log buckets start")
+            raise OptionError(f"encoding 't5' option max_distance={max_distance} is out of range: it must "
+                              f"be > num_buckets / 2 ({buckets // 2}), where the log buckets start")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posbench.encodings.base import PositionalEncoding, rope_angles, rotate_half
-from posbench.encodings.options import OneOf, at_least, positive
+from posbench.options import OneOf, Option, at_least, positive
 from posbench.encodings.rope import training_offset
 
 
@@ -94,9 +94,15 @@ class TAPE(PositionalEncoding):
     name = "tape"
     description = "contextualised equivariant positional encoding (RoPE-initialised state updated per layer)"
     relative = True  # at eval: shifting positions rotates the state equivariantly
-    defaults = {"position_size": 0, "gate": "rowsum", "random_offset": True, "theta": 10000.0, "scale": 1.0}
-    limits = {"position_size": at_least(0), "gate": OneOf(("rowsum", "scalar")), "theta": positive(),
-              "scale": positive()}
+    OPTIONS = {
+        "position_size": Option(0, "I, the width of the MLP-side update (0: 4 x heads)", at_least(0)),
+        "gate": Option("rowsum", "rowsum: the reference's H x H gate summed per row; scalar: one per head",
+                       OneOf(("rowsum", "scalar"))),
+        "random_offset": Option(True, "while training, shift every position by one k ~ U{0..2 max_seq_len} (the "
+                                      "reference)"),
+        "theta": Option(10000.0, "the rotary base of the initial state", positive()),
+        "scale": Option(1.0, "positions are divided by this (linear position interpolation)", positive()),
+    }
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from posbench.encodings.base import PositionalEncoding, rope_cos_sin
-from posbench.encodings.options import positive
+from posbench.options import Option, positive
 from posbench.encodings.rope import apply_rotary
 
 
@@ -21,8 +21,11 @@ class XPos(PositionalEncoding):
     name = "xpos"
     description = "RoPE with an exponential decay per frequency (gamma 0.4, scale base 2048)"
     relative = True
-    defaults = {"theta": 10000.0, "gamma": 0.4, "scale_base": 2048.0}
-    limits = {"theta": positive(), "gamma": positive(), "scale_base": positive()}   # gamma 0: zeta_0 = 0
+    OPTIONS = {
+        "theta": Option(10000.0, "the rotary base", positive()),
+        "gamma": Option(0.4, "zeta_f = (2f + gamma D) / ((1 + gamma) D); 0 would make zeta_0 = 0", positive()),
+        "scale_base": Option(2048.0, "the decay's length scale: zeta ** ((i - j) / scale_base)", positive()),
+    }
 
     def zeta(self, device=None) -> Tensor:
         d, gamma = self.head_dim, self.options["gamma"]

@@ -25,7 +25,8 @@ Two more change the rotary embedding in another way (``--scale`` is their factor
 "Embeddings and norms" follows LongLoRA's ``trainable_params="embed,norm"``: ``model.embed_tokens``, every
 RMSNorm, not ``lm_head``. A method's options are ``--set method.KEY=VALUE``. Each method states its
 trainable-parameter count as a formula of the architecture (:meth:`Method.trainable_formula`); the tests
-check it against the model. Every numeric option has a range (``limits``), checked when the method is made.
+check it against the model. Every option is declared once in ``OPTIONS`` (default, help, range) and checked when
+the method is made, as every encoding's and task's.
 """
 
 from __future__ import annotations
@@ -38,9 +39,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from posbench import options as opts
 from posbench.errors import ConfigError
-from posbench.options import Bound, OneOf, at_least, positive
+from posbench.options import Bound, Configurable, OneOf, Option, at_least, positive
 from posbench.hf.loading import head_dim
 from posbench.hf.rope import dynamic_ntk_rope_parameters, llama_of, scaled_rope_parameters, yarn_rope_parameters
 from posbench.registry import Registry
@@ -49,13 +49,12 @@ METHODS: Registry = Registry("method")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-class Method:
-    """Base class: subclass it with a ``name``; defining the class registers it."""
+class Method(Configurable):
+    """Base class: subclass it with a ``name`` and its ``OPTIONS``; defining the class registers it."""
 
+    kind: ClassVar[str] = "method"
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
-    defaults: ClassVar[dict[str, Any]] = {}
-    limits: ClassVar[dict[str, Any]] = {}
     #: False for a training-free method (its runs take 0 steps; ``--steps`` above 0 is refused)
     trains: ClassVar[bool] = True
 
@@ -65,18 +64,6 @@ class Method:
 
     def __init__(self, **options: Any):
         self.options = self.resolve(options)
-
-    @classmethod
-    def resolve(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """``options`` over the defaults, type- and range-checked (one line each, as every option), then the
-        constraints between them (``check_options``)."""
-        resolved = opts.resolve(f"method '{cls.name}'", cls.defaults, options, cls.limits)
-        cls.check_options(resolved)
-        return resolved
-
-    @classmethod
-    def check_options(cls, options: dict[str, Any]) -> None:
-        """Constraints between options (each one's own range is in ``limits``); raise ConfigError."""
 
     def resolved_options(self, config) -> dict[str, Any]:
         """The options as the model built from ``config`` uses them (a 0 that means "derived" replaced by the
@@ -174,8 +161,12 @@ def embedding_and_norm_count(config) -> int:
 class TapeMethod(Method):
     name = "tape"
     description = "TAPE in every layer (zero-initialised updates, both trained), plus embeddings and norms"
-    defaults = {"position_size": 0, "gate": "rowsum", "random_offset": True}
-    limits = {"position_size": at_least(0), "gate": OneOf(("rowsum", "scalar"))}     # position_size 0: 4 x heads
+    OPTIONS = {
+        "position_size": Option(0, "I, the width of the MLP-side update (0: 4 x heads)", at_least(0)),
+        "gate": Option("rowsum", "rowsum: the reference's H x H gate summed per row; scalar: one per head",
+                       OneOf(("rowsum", "scalar"))),
+        "random_offset": Option(True, "while training, shift every position by one k ~ U{0..2 x length}"),
+    }
 
     def convert(self, model):
         from posbench.hf.tape_llama import convert_to_tape
@@ -254,8 +245,11 @@ TAPE_FILE = "tape.safetensors"          # how TAPE's tensors were saved before t
 class LoraMethod(Method):
     name = "lora"
     description = "LoRA r 8, alpha 16 on q, k, v, o (peft), plus embeddings and norms; full attention"
-    defaults = {"r": 8, "alpha": 16, "dropout": 0.0}
-    limits = {"r": at_least(1), "alpha": positive(), "dropout": Bound(0, 1, high_strict=True)}
+    OPTIONS = {
+        "r": Option(8, "the LoRA rank", at_least(1)),
+        "alpha": Option(16, "LoRA's alpha (the update is scaled by alpha / r)", positive()),
+        "dropout": Option(0.0, "LoRA's dropout", Bound(0, 1, high_strict=True)),
+    }
     ADAPTER_DIR = "adapter"
 
     def lora_config(self):
@@ -312,8 +306,9 @@ class LoraMethod(Method):
 class LongLoraMethod(LoraMethod):
     name = "longlora"
     description = "LoRA as 'lora', trained with shifted sparse attention (S²-Attn, groups of 1/4); full attention at eval"
-    defaults = {**LoraMethod.defaults, "group_ratio": 0.25}
-    limits = {**LoraMethod.limits, "group_ratio": Bound(0, 1, low_strict=True)}
+    OPTIONS = {**LoraMethod.OPTIONS,
+               "group_ratio": Option(0.25, "S²-Attn's group size as a share of the training length",
+                                     Bound(0, 1, low_strict=True))}
 
     def convert(self, model):
         from posbench.hf.s2attn import register
@@ -337,8 +332,9 @@ class LongLoraMethod(LoraMethod):
 class ThetaMethod(LoraMethod):
     name = "theta"
     description = "RoPE theta 1e6 on top of the interpolation, plus LoRA as 'lora'"
-    defaults = {**LoraMethod.defaults, "theta": 1e6}
-    limits = {**LoraMethod.limits, "theta": Bound(low=1, low_strict=True)}
+    OPTIONS = {**LoraMethod.OPTIONS,
+               "theta": Option(1e6, "the RoPE theta set on top of the interpolation",
+                               Bound(low=1, low_strict=True))}
 
     def rope_parameters(self, config, scale: float) -> dict[str, Any]:
         return scaled_rope_parameters(config, scale, theta=self.options["theta"])
@@ -347,10 +343,11 @@ class ThetaMethod(LoraMethod):
 class YarnMethod(LoraMethod):
     name = "yarn"
     description = "YaRN by --scale (interpolation by parts, attention temperature), plus LoRA as 'lora'"
-    # attention_factor 0: YaRN's own, 0.1 ln(scale) + 1 (transformers' default)
-    defaults = {**LoraMethod.defaults, "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": 0.0}
-    limits = {**LoraMethod.limits, "beta_fast": positive(), "beta_slow": positive(),
-              "attention_factor": at_least(0)}
+    OPTIONS = {**LoraMethod.OPTIONS,
+               "beta_fast": Option(32.0, "YaRN's beta_fast (> beta_slow)", positive()),
+               "beta_slow": Option(1.0, "YaRN's beta_slow", positive()),
+               "attention_factor": Option(0.0, "the attention temperature (0: YaRN's own, 0.1 ln(scale) + 1, as "
+                                               "transformers)", at_least(0))}
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> None:
@@ -404,10 +401,6 @@ def quiet_deprecations():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         yield
-
-
-def trainable_count(model) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def make_method(name: str, options: dict[str, Any] | None = None) -> Method:

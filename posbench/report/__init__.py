@@ -11,7 +11,7 @@
 
 from posbench.report.figures import plot
 from posbench.report.formats import FORMATS, fmt_cell, fmt_value, header, render_text
-from posbench.report.model import Cell, DifferenceRow, Report, Row, TaskTable
+from posbench.report.structure import Cell, DifferenceRow, Report, Row, TaskTable
 from posbench.report.collect import collect
 from posbench.report.tables import build_table
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posbench.report.model import Cell, Row, TaskTable, num
+from posbench.report.structure import Cell, Row, TaskTable, num
 from posbench.report.best import mark_best
 from posbench.report.tables import run_id
 from posbench.runs.record import RunRecord

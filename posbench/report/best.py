@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from posbench.report.model import Cell, Row
+from posbench.report.structure import Cell, Row
 from posbench.stats import seed_interval, t_two_sided_p
 
 ALPHA = 0.05

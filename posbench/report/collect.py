@@ -7,8 +7,8 @@ from pathlib import Path
 
 from posbench.report import grouping
 from posbench.report.bench import bench_table
-from posbench.report.model import Report
-from posbench.report.models import models_table
+from posbench.report.structure import Report
+from posbench.report.by_model import models_table
 from posbench.report.paired import add_differences, forget_scores
 from posbench.report.tables import build_table
 from posbench.runs.record import RunRecord

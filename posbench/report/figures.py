@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from posbench.report.model import Report, Row, TaskTable
+from posbench.report.structure import Report, Row, TaskTable
 from posbench.stats import seed_interval
 
 DPI = 110

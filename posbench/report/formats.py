@@ -7,7 +7,7 @@ import io
 import json
 from typing import Any
 
-from posbench.report.model import Cell, DifferenceRow, Report, TaskTable
+from posbench.report.structure import Cell, DifferenceRow, Report, TaskTable
 from posbench.runs.record import ResultError
 
 FORMATS = ("table", "markdown", "csv", "latex", "json")
@@ -60,7 +60,7 @@ def extra_columns(table: TaskTable) -> list[str]:
 
 
 def extra_cells(table: TaskTable, row) -> list[str]:
-    from posbench.report.model import num
+    from posbench.report.structure import num
 
     if table.kind != "metrics":
         return []

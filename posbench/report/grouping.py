@@ -9,6 +9,10 @@ implied stays in), ``train.threads``, ``train.compile``, ``model.attention`` (ev
 attention), ``task.eval_batch_size``, ``train.log_every`` and ``train.checkpoint_every``; and ``preset``, whose
 content is in the resolved settings. Runs whose settings differ by anything else are never pooled: each set
 of settings gets its own row, labelled with what sets it apart.
+
+The version of the task that made a run (``task_version``, 1 for records written before versions existed) is
+a setting too, counted only when it is not 1 (so that the runs and fingerprints of version 1 stay as they
+were): runs of two versions of a task are never pooled, and ``versions_note`` says so in one line.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ def settings(run: RunRecord) -> dict[str, Any]:
             added_default = run.schema_version >= 2 and name in ADDED and ADDED[name] == value
             if name not in IGNORED and not added_default:
                 flat[name] = value
+    if run.config.task_version != 1:
+        flat["task_version"] = run.config.task_version
     if run.precision is not None:
         flat["precision"] = run.precision
     if run.init_given:
@@ -113,7 +119,7 @@ def group_runs(runs: list[RunRecord]) -> tuple[list[list[RunRecord]], int]:
 def distinguishing(groups: list[list[RunRecord]]) -> tuple[list[dict[str, Any]], list[str]]:
     """For each group, the settings that set it apart from the other groups of the table, and the names of
     all settings that differ between groups. Encoding options count only between groups of one encoding."""
-    flats = [settings(g[0]) for g in groups]
+    flats = [{"task_version": 1, **settings(g[0])} for g in groups]    # version 1 is implied where unrecorded
     encodings = [str(g[0].encoding) for g in groups]
     keys = sorted({k for f in flats for k in f})
     varying = [k for k in keys if not k.startswith("encoding.")
@@ -126,6 +132,17 @@ def distinguishing(groups: list[list[RunRecord]]) -> tuple[list[dict[str, Any]],
         apart.append({k: flat.get(k, "-") for k in [*varying, *own]})
     differing = varying + sorted({k for a in apart for k in a if k.startswith("encoding.")})
     return apart, differing
+
+
+def versions_note(task: str, runs: list[RunRecord]) -> str | None:
+    """One line when the runs of a task come from several versions of it (they are never pooled)."""
+    counts: dict[int, int] = {}
+    for run in runs:
+        counts[run.config.task_version] = counts.get(run.config.task_version, 0) + 1
+    if len(counts) < 2:
+        return None
+    which = " and ".join(f"version {v} ({n} run{'s' if n != 1 else ''})" for v, n in sorted(counts.items()))
+    return f"task '{task}' has runs of {which}: runs of different versions are never pooled"
 
 
 def label(encoding: str, apart: dict[str, Any]) -> str:

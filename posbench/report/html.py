@@ -16,7 +16,7 @@ from typing import Any
 from posbench.report.figures import pyplot, png_bytes, table_figures
 from posbench.report.formats import (DIFFERENCE_HEADER, column_header, difference_cells, difference_title,
                                      extra_cells, extra_columns, fmt_cell)
-from posbench.report.model import Report, TaskTable
+from posbench.report.structure import Report, TaskTable
 from posbench.runs.record import RunRecord
 
 STYLE = """

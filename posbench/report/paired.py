@@ -17,7 +17,7 @@ from typing import Any
 
 from posbench.errors import UserError
 from posbench.report import grouping
-from posbench.report.model import DifferenceRow, Row, TaskTable, num
+from posbench.report.structure import DifferenceRow, Row, TaskTable, num
 from posbench.files import read_jsonl
 from posbench.runs.record import RunRecord
 from posbench.runs.store import PREDICTIONS_FILE

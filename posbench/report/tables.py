@@ -7,7 +7,7 @@ from typing import Any
 
 from posbench.report import grouping
 from posbench.report.best import RULE, mark_best
-from posbench.report.model import Cell, Row, TaskTable, num
+from posbench.report.structure import Cell, Row, TaskTable, num
 from posbench.runs.record import RunRecord
 from posbench.stats import seed_interval
 
@@ -22,7 +22,7 @@ def build_table(task: str, runs: list[RunRecord], *, by_run: bool = False) -> Ta
         apart, differing = grouping.distinguishing(groups)
         rows = [group_row(group, columns, grouping.label(str(group[0].encoding), a), a)
                 for group, a in zip(groups, apart)]
-        notes = []
+        notes = [line for line in [grouping.versions_note(task, runs)] if line]
         if differing:
             notes.append(f"rows differ in {', '.join(differing)} (besides the encoding); every other setting "
                          "is equal")

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from posbench.report.formats import (DIFFERENCE_HEADER, column_header, difference_cells, difference_title,
                                      extra_cells, extra_columns, fmt_cell)
-from posbench.report.model import TaskTable
+from posbench.report.structure import TaskTable
 
 BEST = "bold green"
 

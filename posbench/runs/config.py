@@ -27,7 +27,6 @@ from typing import Any
 
 from posbench import options as opts
 from posbench.errors import ConfigError
-from posbench.options import OneOf, at_least, positive
 from posbench.runs.init import InitSource, resolve_init
 
 __all__ = ["ConfigError", "RunConfig", "resolve_run_config", "with_source", "apply_overrides"]
@@ -38,14 +37,6 @@ SECTION_SYNONYMS = {"method": "encoding"}
 MODEL_KEYS_EXCLUDED = ("vocab_size", "encoding", "encoding_options")
 
 
-def model_limits() -> dict[str, Any]:
-    from posbench.attention import BACKENDS
-
-    return {"d_model": at_least(1), "n_layers": at_least(1), "n_heads": at_least(1), "d_ff": at_least(0),
-            "max_seq_len": at_least(0), "attention": OneOf(("auto", *sorted(BACKENDS))), "norm_eps": positive(),
-            "init_std": positive()}
-
-
 @dataclass
 class RunConfig:
     """Everything needed to reproduce a run (``config.json`` and ``result.json`` record it)."""
@@ -53,6 +44,7 @@ class RunConfig:
     task: str
     encoding: str | None                    # a name of the task's encoding registry; None: the --init model's own
     preset: str
+    task_version: int = 1                   # the task's ``version`` (records written before versions existed: 1)
     label: str = ""                         # the run's name in tables and directories (encoding, llama+tape, ...)
     seed: int = 0
     device: str = "auto"
@@ -83,6 +75,7 @@ class RunConfig:
         if isinstance(values.get("source"), dict):
             values["source"] = InitSource.from_dict(values["source"])
         values.setdefault("encoding", None)
+        values["task_version"] = values.get("task_version") or 1      # written before tasks had versions: 1
         return cls(**values)
 
     def section(self, name: str) -> dict[str, Any]:
@@ -138,21 +131,29 @@ def locate_key(sections: dict[str, dict[str, Any]], raw_key: str, origin: str = 
 
 # ---- resolution ------------------------------------------------------------------------------------------
 
-#: generic ``posbench run`` flags that set a task option of the same name (``--data PATH`` -> ``task.data``)
-TASK_FLAGS = ("data", "datasets", "tokenizer")
+def model_options() -> dict[str, opts.Option]:
+    """The ``model`` section's options: ``ModelConfig``'s, less those the task and ``--encoding`` set."""
+    from posbench.model import ModelConfig
+
+    return {k: o for k, o in opts.declared(ModelConfig).items() if k not in MODEL_KEYS_EXCLUDED}
+
+
+def train_options() -> dict[str, opts.Option]:
+    from posbench.train.config import TrainConfig
+
+    return opts.declared(TrainConfig)
 
 
 def model_defaults() -> dict[str, Any]:
-    from posbench.model import ModelConfig
-
-    return {f.name: f.default for f in dataclasses.fields(ModelConfig)
-            if f.name not in MODEL_KEYS_EXCLUDED and f.default is not dataclasses.MISSING}
+    return {k: o.default for k, o in model_options().items()}
 
 
 def train_defaults() -> dict[str, Any]:
-    from posbench.train.config import TrainConfig
+    return {k: o.default for k, o in train_options().items()}
 
-    return TrainConfig.defaults()
+
+def limits_of(options: dict[str, opts.Option]) -> dict[str, opts.Limit]:
+    return {k: o.limit for k, o in options.items() if o.limit is not None}
 
 
 def resolve_run_config(task: str, encoding: str | None, preset: str | None = None, *, steps: int | None = None,
@@ -162,7 +163,6 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
     """Defaults -> the task's preset -> the ``--init`` model -> flags -> ``--set`` -> the task's adjustments;
     everything coerced and range-checked."""
     from posbench.tasks import TASKS
-    from posbench.train.config import TrainConfig
 
     if seed is not None and not 0 <= int(seed) <= MAX_SEED:
         raise ConfigError(f"--seed {seed}: a seed must be between 0 and {MAX_SEED} (NumPy's range)")
@@ -174,12 +174,12 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
     encoding_cls = task_cls.encodings().get(encoding) if encoding is not None else None
     sections: dict[str, dict[str, Any]] = {
         "model": model_defaults(),
-        "encoding": dict(encoding_cls.defaults) if encoding_cls is not None else {},
+        "encoding": encoding_cls.defaults() if encoding_cls is not None else {},
         "train": train_defaults(),
-        "task": dict(task_cls.options),
+        "task": task_cls.defaults(),
     }
-    limits = {"model": model_limits(), "train": TrainConfig.LIMITS, "task": task_cls.limits,
-              "encoding": getattr(encoding_cls, "limits", {})}
+    limits = {"model": limits_of(model_options()), "train": limits_of(train_options()), "task": task_cls.limits(),
+              "encoding": encoding_cls.limits() if encoding_cls is not None else {}}
     for name in ("model", "train", "task", "encoding"):
         apply_overrides(sections, {f"{name}.{k}": v for k, v in chosen.get(name, {}).items()},
                         origin=f"preset '{preset}' of task '{task}':", limits=limits)
@@ -205,7 +205,7 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
         from posbench.loggers import validate
 
         logs = validate(logs)                      # an unknown name or a missing package: one line, now
-    return RunConfig(task=task, encoding=encoding, preset=preset,
+    return RunConfig(task=task, encoding=encoding, preset=preset, task_version=task_cls.version,
                      label=task_cls.label_for(encoding, source, checked["task"]),
                      seed=0 if seed is None else int(seed), device=device or "auto",
                      init=str(init) if init is not None else None, source=source, model=checked["model"],
@@ -229,34 +229,29 @@ def fill_task_context(task_cls: Any, encoding: str | None, encoding_cls: Any, se
     if missing:
         from posbench.tasks import TASKS
 
-        helps = encoding_cls.task_context_help
-        what = ", ".join(f"{key} ({helps[key]})" if key in helps else key for key in missing)
+        what = ", ".join(f"{key} ({encoding_cls.OPTIONS[key].help})" for key in missing)
         givers = [name for name in TASKS if TASKS[name].needs_model       # (bench builds its own models)
-                  and all(key in TASKS[name].encoding_context(dict(TASKS[name].options)) for key in needed)]
+                  and all(key in TASKS[name].encoding_context(TASKS[name].defaults()) for key in needed)]
         raise ConfigError(f"encoding '{encoding}' needs {what}, which task '{task_cls.name}' does not give "
                           f"(tasks that do: {', '.join(givers) or 'none'})")
     sections["encoding"].update({key: context[key] for key in needed})
 
 
 def check_sections(task_cls: Any, encoding_cls: Any, sections: dict[str, dict[str, Any]]) -> dict[str, dict]:
-    """Every section through its one check: the model's ranges (and ``ModelConfig``'s head split), the
-    ``TrainConfig``'s, the encoding's (or method's), the task's."""
+    """Every section through its one check, the one Python's constructors make too: ``ModelConfig``'s (the ranges
+    and the head split), ``TrainConfig``'s, the encoding's (or method's), the task's."""
     from posbench.model import ModelConfig
     from posbench.train.config import TrainConfig
 
-    model = opts.resolve("model", model_defaults(), sections["model"], model_limits(), label="model.")
-    try:
-        ModelConfig(vocab_size=1, **model)
-    except ValueError as exc:
-        raise ConfigError(f"model: {exc}") from None
+    model = opts.resolve("model", model_defaults(), sections["model"], limits_of(model_options()), label="model.")
+    ModelConfig(vocab_size=1, **model)
     train = TrainConfig(**sections["train"]).to_dict()
     encoding = encoding_cls.resolve(sections["encoding"]) if encoding_cls is not None else {}
     if encoding_cls is not None:
         from posbench.attention import check_encoding_backend
 
         check_encoding_backend(model["attention"], encoding_cls.name, getattr(encoding_cls, "has_context_bias", False))
-    task = opts.resolve(f"task '{task_cls.name}'", task_cls.options, sections["task"], task_cls.limits,
-                        label="task.")
+    task = task_cls.resolve(sections["task"])
     return {"model": model, "train": train, "encoding": encoding, "task": task}
 
 

@@ -10,8 +10,8 @@ reader (``compare``, the figures, the HTML page, ``posbench.results.frame``).
       "posbench": {"version", "git_commit", "git_dirty"},
       "environment": {"python", "torch", "platform", "device", "device_name", "threads", "precision"},
       "seeds": {"python", "numpy", "torch", "data", "eval", ...},
-      "config": RunConfig.to_dict() (task, encoding, label, preset, seed, device, init, source, model,
-                encoding_options, train, task_options, logs) + {"model_config": the built model's config},
+      "config": RunConfig.to_dict() (task, encoding, preset, task_version, label, seed, device, init, source,
+                model, encoding_options, train, task_options, logs) + {"model_config": the built model's config},
       "model": {"parameters", "checkpoint", "checkpoint_sha256", ...},
       "init": null | {"run" (what --init named), "kind", "label", "checkpoint_sha256", ...},
       "data": {"source", "hash", ...task-specific},
@@ -26,7 +26,8 @@ reader (``compare``, the figures, the HTML page, ``posbench.results.frame``).
     }
 
 Version 1 (posbench before the one-pipeline redesign) is read into the same record: its benchmark runs kept
-their cells at the top level (``"bench"``), its extend runs their base model (``"base_model"``).
+their cells at the top level (``"bench"``), its extend runs their base model (``"base_model"``). A record
+without ``config.task_version`` (written before tasks had versions) is read as version 1.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from posbench.files import check_name
-from posbench.progress import NullReporter
+from posbench.reporters import NullReporter
 from posbench.runs.config import RunConfig, with_source
 from posbench.runs.record import RESULT_FILE, ResultError, RunRecord, Timings, environment_info, posbench_info, \
     write_record

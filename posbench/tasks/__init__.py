@@ -1,17 +1,14 @@
 """Tasks: the contract (``Task``, in ``base.py``) and the registry (``TASKS``).
 
-Importing this package imports every module in ``posbench/tasks/``, so each built-in task registers itself
-by subclassing ``Task``; third-party tasks come through the ``posbench.tasks`` entry-point group. A task's
-presets are data: ``<task>.toml`` beside its module.
+Importing this package imports every module and folder in ``posbench/tasks/`` (``posbench.registry.import_folder``),
+so each task registers itself by subclassing ``Task``: a built-in task is a folder (``arithmetic/``: ``task.py``,
+``presets.toml``, its data and metric), and a task dropped in as one file (``copy.py``, presets in ``copy.toml``)
+needs no other edit. Third-party tasks come through the ``posbench.tasks`` entry-point group or ``--plugins``.
 """
 
-import importlib
-import pkgutil
-
+from posbench.registry import import_folder
 from posbench.tasks.base import PRESET_NAMES, TASKS, IndexedStream, Phase, SeededStream, Task
 
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in ("base", "models") and not _module.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_module.name}")
+import_folder(__name__, __path__)
 
 __all__ = ["PRESET_NAMES", "TASKS", "IndexedStream", "Phase", "SeededStream", "Task"]

@@ -3,7 +3,7 @@
 Write a task as one ``Task`` subclass with a ``name``; defining the class registers it in ``TASKS``
 (third-party packages may also use the entry-point group ``posbench.tasks``). Every module in
 ``posbench/tasks/`` is imported by ``posbench.tasks``, so a built-in task needs no other edit. Its presets are
-data: ``<module>.toml`` beside the module (``arithmetic.toml`` for ``arithmetic.py``).
+data: ``presets.toml`` beside a task folder's ``task.py``, or ``<module>.toml`` beside a one-file task.
 
 The runner (``posbench.runs.runner``) calls, in this order::
 
@@ -17,14 +17,18 @@ The runner (``posbench.runs.runner``) calls, in this order::
 
 Class attributes:
 
-- ``options`` (the ``task`` section: each key's typed default), ``limits`` (each option's valid range, see
-  ``posbench.options``) and ``option_help`` (one line per option, shown by ``posbench ls tasks``). An option
-  named like a generic CLI flag (``data``, ``datasets``, ``tokenizer``) is also set by that flag.
-- ``default_preset``. Presets are read from ``<module>.toml``: one table per preset (``tiny`` runs in seconds on
-  a CPU, ``small`` in minutes on a 2-core CPU, ``gpu`` in minutes on one GPU, ``paper`` is the paper's recipe),
-  each with ``model``, ``train``, ``task`` (and ``encoding``) sub-tables overriding the built-in defaults,
-  ``extends = "task.preset"`` to start from another preset, and an ``expected`` table (``seconds``,
-  ``hardware``, ``how`` = measured | estimated, ``note``): the wall time of one run, shown by ``ls presets``.
+- ``OPTIONS`` (the ``task`` section: ``{key: Option(default, help, limit)}``, see ``posbench.options``; shown
+  by ``posbench ls tasks NAME``). An option named like a generic CLI flag (``data``, ``datasets``,
+  ``tokenizer``) is also set by that flag.
+- ``version`` (1 until a change makes the task's numbers differ from earlier runs'; recorded in ``result.json``,
+  and ``compare`` never pools runs of two versions).
+- ``default_preset``. Presets are read from the TOML file beside the module (``presets.toml`` beside a task
+  folder's ``task.py``, ``<module>.toml`` beside a one-file task) or given as the ``presets`` dict: one table per
+  preset (``tiny`` runs in seconds on a CPU, ``small`` in minutes on a 2-core CPU, ``gpu`` in minutes on one GPU,
+  ``paper`` is the paper's recipe), each with ``model``, ``train``, ``task`` (and ``encoding``) sub-tables
+  overriding the built-in defaults, ``extends = "task.preset"`` to start from another preset, and an
+  ``expected`` table (``seconds``, ``hardware``, ``how`` = measured | estimated, ``note``): the wall time of one
+  run, shown by ``ls presets``.
 
 Configuration hooks (class methods, called while the configuration is built): ``encodings()`` (the registry
 ``--encoding`` names: encodings, or extension methods), ``choose_encoding``, ``take_init`` (what an ``--init``
@@ -64,6 +68,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.errors import ConfigError
+from posbench.options import Configurable
 from posbench.registry import Registry
 from posbench.train.config import TrainConfig
 
@@ -90,14 +95,16 @@ class Phase:
     loss: Callable[..., Any] | None = None
 
 
-class Task:
-    """Base class: subclass it, set ``name``, ``description``, ``options``, ``limits``; implement the hooks."""
+class Task(Configurable):
+    """Base class: subclass it, set ``name``, ``description``, ``OPTIONS``; implement the hooks."""
 
+    kind: ClassVar[str] = "task"
+    option_label: ClassVar[str | None] = "task."
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
-    options: ClassVar[dict[str, Any]] = {}
-    limits: ClassVar[dict[str, Any]] = {}
-    option_help: ClassVar[dict[str, str]] = {}
+    #: the version of what the task computes (data, recipe, metric): raise it when a change makes its numbers
+    #: differ from those of earlier runs; ``result.json`` records it and ``compare`` never pools two versions
+    version: ClassVar[int] = 1
     presets: ClassVar[dict[str, dict[str, Any]]] = {}      # a plugin may give them here instead of a TOML file
     default_preset: ClassVar[str] = "small"
     needs_model: ClassVar[bool] = True                      # False: the task builds its own models (bench)
@@ -147,7 +154,7 @@ class Task:
         recorded = source.model.get("encoding_options") or {}
         sections["encoding"].update({k: v for k, v in recorded.items() if k in sections["encoding"]})
         if "tokenizer" in sections["task"]:        # the init model's tokenizer; a preset's is for fresh runs
-            sections["task"]["tokenizer"] = cls.options["tokenizer"]
+            sections["task"]["tokenizer"] = cls.OPTIONS["tokenizer"].default
 
     @classmethod
     def adjust(cls, sections: dict[str, dict[str, Any]], source: Any) -> None:
@@ -174,8 +181,14 @@ class Task:
 
     @classmethod
     def preset_table(cls) -> dict[str, dict[str, Any]]:
-        """``presets``, or the TOML file beside the task's module."""
-        return cls.presets or load_presets(str(Path(inspect.getfile(cls)).with_suffix(".toml")))
+        """``presets``, or the TOML file beside the task's module (``preset_file``)."""
+        return cls.presets or load_presets(str(cls.preset_file()), cls.name)
+
+    @classmethod
+    def preset_file(cls) -> Path:
+        """``presets.toml`` beside a task folder's ``task.py``; ``<module>.toml`` beside a one-file task."""
+        module = Path(inspect.getfile(cls))
+        return module.with_name("presets.toml") if module.name == "task.py" else module.with_suffix(".toml")
 
     # ---- hooks ------------------------------------------------------------------------------------------
     def validate(self) -> None:
@@ -193,7 +206,7 @@ class Task:
 
     def build_model(self, device: torch.device) -> tuple[nn.Module, dict[str, Any] | None]:
         """The model this run trains and evaluates, and the ``init`` record of the result."""
-        from posbench.tasks.models import build_model
+        from posbench.tasks.build_model import build_model
 
         return build_model(self)
 
@@ -237,9 +250,9 @@ class Task:
 
 
 @cache
-def load_presets(path: str) -> dict[str, dict[str, Any]]:
-    """Presets from a TOML file; ``extends = "task.preset"`` merges another task's (or this file's) preset under
-    this one, section by section."""
+def load_presets(path: str, task_name: str) -> dict[str, dict[str, Any]]:
+    """Presets of task ``task_name`` from a TOML file; ``extends = "task.preset"`` merges another task's (or this
+    file's) preset under this one, section by section."""
     file = Path(path)
     if not file.is_file():
         return {}
@@ -250,7 +263,7 @@ def load_presets(path: str) -> dict[str, dict[str, Any]]:
         base: dict[str, Any] = {}
         if "extends" in preset:
             task, _, other = str(preset["extends"]).partition(".")
-            source = raw if task == file.stem else load_presets(str(file.with_name(f"{task}.toml")))
+            source = raw if task == task_name else TASKS.get(task).preset_table()
             if other not in source:
                 raise ConfigError(f"{file.name}: preset '{name}' extends unknown '{preset['extends']}'")
             base = source[other]

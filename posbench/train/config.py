@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from posbench import options as opts
-from posbench.options import OneOf, Switch, at_least, positive
+from posbench.options import OneOf, Switch, at_least, option, positive
 
 PRECISIONS = ("auto", "fp32", "bf16")
 PARALLEL_MODES = ("ddp", "fsdp")
@@ -21,40 +21,32 @@ class TrainConfig:
 
     ``batch_size`` is the global batch of one optimizer step and ``grad_accum`` splits it for one device;
     with several processes the per-process micro-batch and accumulation are derived from them
-    (``distributed.plan_batches``). Every field is range-checked when the config is built (``LIMITS``)."""
+    (``distributed.plan_batches``). Every field is an option (``posbench.options.option``: default, help,
+    range), checked when the config is built."""
 
-    steps: int = 1000
-    batch_size: int = 64            # sequences per optimizer step (split into grad_accum micro-batches)
-    grad_accum: int = 1
-    lr: float = 1e-4
-    warmup_ratio: float = 0.02
-    warmup_steps: int = -1          # >= 0 overrides warmup_ratio
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    grad_clip: float = 1.0          # 0 disables clipping
-    checkpoint_every: int = 0       # 0: only at the end
-    log_every: int = 50             # loss read from the device (and plain progress lines) every N steps
-    precision: str = "auto"         # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
-    compile: Any = "auto"           # auto (on for CUDA, off elsewhere) | true | false
-    parallel: str = "ddp"           # several processes: ddp (replicas) | fsdp (FSDP2 shards)
-    threads: int = 0                # CPU threads; 0: the free cores (see device.setup_device)
-    checkpointing: bool = False     # recompute each block's activations in the backward pass (less memory)
-
-    LIMITS: ClassVar[dict[str, Any]] = {
-        "steps": at_least(0), "batch_size": at_least(1), "grad_accum": at_least(1), "lr": positive(),
-        "warmup_ratio": opts.between(0, 1), "warmup_steps": at_least(-1), "min_lr_ratio": opts.between(0, 1),
-        "weight_decay": at_least(0), "beta1": opts.Bound(0, 1, high_strict=True),
-        "beta2": opts.Bound(0, 1, high_strict=True), "eps": positive(), "grad_clip": at_least(0),
-        "checkpoint_every": at_least(0), "log_every": at_least(1), "precision": OneOf(PRECISIONS),
-        "compile": Switch(), "parallel": OneOf(PARALLEL_MODES), "threads": at_least(0)}
+    steps: int = option(1000, "optimizer steps", at_least(0))
+    batch_size: int = option(64, "sequences per optimizer step (split into grad_accum micro-batches)", at_least(1))
+    grad_accum: int = option(1, "micro-batches per optimizer step", at_least(1))
+    lr: float = option(1e-4, "the peak learning rate", positive())
+    warmup_ratio: float = option(0.02, "linear warmup over this share of the steps", opts.between(0, 1))
+    warmup_steps: int = option(-1, "warmup steps; >= 0 overrides warmup_ratio", at_least(-1))
+    min_lr_ratio: float = option(0.0, "the learning rate decays linearly to min_lr_ratio x lr", opts.between(0, 1))
+    weight_decay: float = option(0.01, "AdamW's weight decay (matrices only)", at_least(0))
+    beta1: float = option(0.9, "AdamW's beta1", opts.Bound(0, 1, high_strict=True))
+    beta2: float = option(0.999, "AdamW's beta2", opts.Bound(0, 1, high_strict=True))
+    eps: float = option(1e-8, "AdamW's epsilon", positive())
+    grad_clip: float = option(1.0, "gradient-norm clipping (0: none)", at_least(0))
+    checkpoint_every: int = option(0, "steps between checkpoints (0: only at the end)", at_least(0))
+    log_every: int = option(50, "steps between reads of the loss from the device (and plain progress lines)",
+                            at_least(1))
+    precision: str = option("auto", "auto (bf16 autocast on CUDA, fp32 elsewhere), fp32 or bf16", OneOf(PRECISIONS))
+    compile: Any = option("auto", "torch.compile: auto (on for CUDA, off elsewhere), true or false", Switch())
+    parallel: str = option("ddp", "several processes: ddp (replicas) or fsdp (FSDP2 shards)", OneOf(PARALLEL_MODES))
+    threads: int = option(0, "CPU threads (0: the free cores)", at_least(0))
+    checkpointing: bool = option(False, "recompute each block's activations in the backward pass (less memory)")
 
     def __post_init__(self):
-        values = opts.resolve("train", self.defaults(), self.to_dict(), self.LIMITS, label="train.")
-        for key, value in values.items():
-            setattr(self, key, value)
+        opts.check_fields(self, "train")
         if self.batch_size % self.grad_accum:
             raise opts.OptionError(f"train.batch_size {self.batch_size} must be a multiple of train.grad_accum "
                                    f"{self.grad_accum}")

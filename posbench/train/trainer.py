@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.data.batch import Batch, masked_cross_entropy
-from posbench.progress import NullReporter
+from posbench.reporters import NullReporter
 from posbench.train import distributed
 from posbench.train.checkpoint import (CheckpointError, checkpoint_path, load_train_state, load_weights, rng_state,
                                        save_checkpoint, set_rng_state)

@@ -1,0 +1,55 @@
+"""``posbench check NAME``: the contract kit (``posbench.checks``) on encodings and tasks, one line per check."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from posbench.cli.common import err, out, split_names, user_errors
+
+CHECK_EPILOG = """[bold]Examples[/bold]
+
+  posbench check rope                         (an encoding: options, backends, KV cache, ...)
+
+  posbench check learned --no-compiled        (all but the one-graph check of torch.compile)
+
+  posbench --plugins my_tasks check copy      (a task: options, presets, stream, a short run)
+
+  posbench check scrolls --set task.data=tests/fixtures/scrolls --set task.datasets=qasper
+"""
+
+
+def check(names: list[str] = typer.Argument(..., help="encodings or tasks, by name (comma-separated or several)."),
+          compiled: bool = typer.Option(True, "--compiled/--no-compiled", help="check that torch.compile traces a "
+                                        "training step as one graph (traced only: about a second per encoding)"),
+          encoding: str = typer.Option("rope", "--encoding", "-e", help="the encoding a task's short run trains"),
+          sets: Optional[list[str]] = typer.Option(None, "--set", help="section.key=value for a task's runs"),
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the failed checks")) -> None:
+    """Run the shared contract checks on encodings and tasks (yours or built-in): one line per check, exit code 1
+    when one fails."""
+    from posbench.checks import check_encoding, check_task
+    from posbench.encodings import ENCODINGS
+    from posbench.tasks import TASKS
+
+    failed = False
+    with user_errors():
+        wanted = [n for value in names for n in split_names(value)]
+        for name in wanted:
+            if name not in ENCODINGS and name not in TASKS:
+                from posbench.registry import UnknownNameError
+
+                raise UnknownNameError("encoding or task", name, [*ENCODINGS, *TASKS])
+        for name in wanted:
+            if name in ENCODINGS:
+                report = check_encoding(name, compiled=compiled)
+            else:
+                report = check_task(name, encoding=encoding, sets=tuple(sets or ()))
+            for check_result, line in zip(report.checks, report.lines()):
+                if not check_result.passed:
+                    err().print(line, markup=False, highlight=False)
+                elif not quiet:
+                    out().print(line, markup=False, highlight=False)
+            failed = failed or not report.passed
+    if failed:
+        raise typer.Exit(1)

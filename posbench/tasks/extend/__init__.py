@@ -1,0 +1,7 @@
+"""The ``extend`` task: the context extension of a pretrained Llama (``posbench extend``). Its folder: ``task.py``,
+``presets.toml``.
+"""
+
+from posbench.tasks.extend.task import Extend
+
+__all__ = ["Extend"]

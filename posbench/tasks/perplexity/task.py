@@ -1,0 +1,104 @@
+"""Perplexity against evaluation length: does the encoding hold up beyond the training length?
+
+A checkpoint (``--init RUN_DIR``, evaluated as is unless ``task.init_steps`` > 0) or a fresh model trained
+exactly as ``pretrain`` trains it is evaluated on the held-out split at ``length_factors`` x the training
+length (default 1, 2, 4, 8), under each protocol of ``protocols``:
+
+* ``chunks``: non-overlapping windows (the paper's pre-training evaluation; ``ppl_<k>x``);
+* ``sliding``: windows of the evaluation length every ``stride`` tokens, each token scored once with the
+  context its window gives it (the LongLoRA / Hugging Face protocol; ``ppl_sliding_<k>x``). ``task.score
+  =window`` scores every window entirely instead, as LongLoRA's script does.
+
+Tokens are counted exactly (``posbench.evaluation.perplexity``); the counts are in ``result["evaluation"]``.
+``compare --plots`` draws perplexity against length, one curve per encoding and protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posbench.data.errors import DataError
+from posbench.errors import ConfigError
+from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
+from posbench.evaluation.perplexity import PROTOCOLS, SCORING
+from posbench.evaluation.perplexity import evaluate as evaluate_ppl
+from posbench.options import Each, OneOf, Option, at_least
+from posbench.tasks.corpus_task import CorpusTask
+
+
+class Perplexity(CorpusTask):
+    name = "perplexity"
+    description = "perplexity vs evaluation length (1-8x the training length), chunked and sliding-window"
+    OPTIONS = {
+        **CorpusTask.OPTIONS,
+        "length_factors": Option([1, 2, 4, 8], "evaluation lengths as multiples of the training length",
+                                 Each(at_least(1))),
+        "protocols": Option(["chunks", "sliding"], "chunks (non-overlapping) and/or sliding (windows every `stride` "
+                            "tokens)", Each(OneOf(PROTOCOLS))),
+        "stride": Option(0, "sliding-window stride in tokens (0: half of each evaluation length)", at_least(0)),
+        "score": Option("new", "sliding windows: new (each token once) or window (every window whole, LongLoRA)",
+                        OneOf(SCORING)),
+        "init_steps": Option(0, "training steps when starting from --init (0: evaluate the checkpoint as is)",
+                             at_least(0)),
+    }
+
+    @classmethod
+    def adjust(cls, sections, source) -> None:
+        """A checkpoint (``--init``) is evaluated as is unless ``task.init_steps`` asks for training."""
+        if source is not None:
+            sections["train"]["steps"] = int(sections["task"]["init_steps"])
+
+    def validate(self) -> None:
+        super().validate()
+        available = len(self.eval_tokens().tokens)
+        if max(self.lengths()) > available:
+            raise DataError(f"the held-out text has {available} tokens, fewer than the longest evaluation length "
+                            f"{max(self.lengths())}; raise task.eval_tokens or lower task.length_factors")
+
+    def lengths(self) -> list[int]:
+        return [int(f) * self.train_length for f in sorted(set(self.opts["length_factors"]))]
+
+    def stride_for(self, length: int) -> int:
+        stride = self.opts["stride"] or length // 2
+        if stride >= length:
+            raise ConfigError(f"task.stride {stride} must be smaller than every evaluation length ({length})")
+        return stride
+
+    def evaluate(self, model, device, reporter: Any, phases: dict) -> Evaluation:
+        tokens = self.eval_tokens().tokens
+        lengths = self.lengths()
+        protocols = [p for p in PROTOCOLS if p in self.opts["protocols"]]
+        bar = reporter.task("eval", total=len(lengths) * len(protocols), unit="length") if reporter else None
+        metrics: dict[str, Metric] = {}
+        grids: dict[str, Grid] = {}
+        details = []
+        done = 0
+        for protocol in protocols:
+            values = []
+            for length in lengths:
+                stride = self.stride_for(length) if protocol == "sliding" else None
+                res = evaluate_ppl(model, tokens, length, protocol, stride=stride, score=self.opts["score"],
+                                   batch_size=self.opts["eval_batch_size"], device=device)
+                factor = length // self.train_length
+                key = f"ppl_{factor}x" if protocol == "chunks" else f"ppl_sliding_{factor}x"
+                metrics[key] = Metric(res.perplexity, None, res.tokens_scored, higher_is_better=False)
+                values.append(res.perplexity)
+                details.append(res.to_dict())
+                done += 1
+                if bar:
+                    bar.update(done, length=length, ppl=res.perplexity)
+            grids[f"ppl_{protocol}"] = Grid(metric="perplexity", axes=[Axis("length", lengths)], values=values,
+                                            n=[d["tokens_scored"] for d in details[-len(lengths):]],
+                                            higher_is_better=False,
+                                            meta={"train_max": {"length": self.train_length}, "protocol": protocol})
+        if bar:
+            bar.close()
+        first = protocols[0]
+        longest = lengths[-1] // self.train_length
+        primary = f"ppl_{longest}x" if first == "chunks" else f"ppl_sliding_{longest}x"
+        return Evaluation(metrics=metrics, primary=primary, grids=grids,
+                          info={"table_columns": list(metrics),
+                                "train_length": self.train_length, "lengths": lengths, "protocols": protocols,
+                                "score": self.opts["score"], "results": details,
+                                "evaluated_checkpoint": "init" if self.source and not self.config.train["steps"]
+                                else "trained in this run"})

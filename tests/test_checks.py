@@ -1,0 +1,137 @@
+"""``posbench check``: the contract kit passes on every built-in encoding and on a task, and fails, one line per
+failed check and exit code 1, on an encoding and a task broken on purpose (each break is one a user could make:
+an option without a range, a state that forgets the KV cache's offset, a bias that reads the future, a graph
+break, a tensor that is neither a parameter nor a buffer; a stream that cannot resume)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posbench.cli import main
+from posbench.encodings import ENCODINGS, PositionalEncoding
+from posbench.options import Option, at_least
+from posbench.tasks import TASKS
+
+from encoding_helpers import BUILTIN
+
+CHECKS = ["options declared with a default, a range and help", "options refused out of range, in one line",
+          "builds, and every trainable parameter reaches the loss", "a later token never changes an earlier logit",
+          "the attention backends agree", "a KV cache equals recomputation",
+          "a saved state dict rebuilds the same model", "one compiled graph for all layers"]
+
+
+def test_check_passes_on_every_builtin_encoding(capsys):
+    assert main(["check", ",".join(BUILTIN)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    lines = out.splitlines()
+    assert len(lines) == len(BUILTIN) * len(CHECKS)
+    for name in BUILTIN:
+        assert [line.split(": ")[1] for line in lines if line.startswith(f"ok    encoding '{name}':")] == CHECKS
+
+
+def define_broken():
+    class Broken(PositionalEncoding):
+        """Sinusoidal positions added to the embeddings, with five mistakes."""
+
+        name = "test-broken"
+        OPTIONS = {"width": Option(4, "a number without a range")}                      # 1: no range
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.scale = torch.rand(1) + 0.5               # 5: neither a parameter nor a buffer, nor rebuilt
+
+        def init_state(self, positions):                   # 2: forgets the cache's offset
+            return torch.arange(positions.shape[1], device=positions.device).expand_as(positions)
+
+        def embed(self, x, positions):
+            table = torch.sin(positions[..., None].float() * self.scale)
+            peek = x.mean(dim=1, keepdim=True)             # 3: every token sees the whole sequence
+            if x.abs().max().item() > 1e9:                 # 4: a graph break
+                return x
+            return x + table + peek
+
+    return Broken
+
+
+def test_check_fails_on_a_broken_encoding_one_line_per_failed_check(capsys):
+    define_broken()
+    try:
+        assert main(["check", "test-broken"]) == 1
+    finally:
+        ENCODINGS.remove("test-broken")
+    out, err = capsys.readouterr()
+    failed = err.splitlines()
+    assert [line.split(": ")[1] for line in failed] == [
+        "options declared with a default, a range and help", "a later token never changes an earlier logit",
+        "a KV cache equals recomputation", "a saved state dict rebuilds the same model",
+        "one compiled graph for all layers"]
+    assert all(line.startswith("FAIL  encoding 'test-broken': ") for line in failed)
+    assert "option width=4 declares no range" in failed[0]
+    assert "ok    encoding 'test-broken': the attention backends agree" in out
+
+
+def test_check_refuses_an_unknown_name_in_one_line(capsys):
+    assert main(["check", "ropee"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown encoding or task 'ropee'. Did you mean 'rope'?") and err.count("\n") == 1
+
+
+def test_check_passes_on_a_task(capsys):
+    assert main(["check", "arithmetic"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("ok    task 'arithmetic'") == 6 and "FAIL" not in out
+
+
+def define_broken_task():
+    from posbench.data.batch import Batch
+    from posbench.evaluation.outcome import Evaluation, Metric
+
+    class ForgetfulStream:
+        """Draws from torch's global generator and saves nothing of it: a resumed run sees other batches."""
+
+        def next_batch(self, batch_size):
+            tokens = torch.randint(0, 16, (batch_size, 9))
+            return Batch(tokens[:, :-1], tokens[:, 1:])
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    from posbench.tasks import Task
+
+    class BrokenTask(Task):
+        name = "test-broken-task"
+        description = "a stream that cannot resume, an option whose default is out of its range"
+        OPTIONS = {"examples": Option(0, "examples evaluated", at_least(1))}
+        presets = {"tiny": {"model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 8},
+                            "train": {"steps": 2, "batch_size": 4}, "task": {"examples": 2}}}
+        default_preset = "tiny"
+
+        def vocab_size(self):
+            return 16
+
+        def train_stream(self):
+            return ForgetfulStream()
+
+        def evaluate(self, model, device, reporter, phases):
+            return Evaluation(metrics={"loss": Metric(1.0, None, 1)}, primary="loss")
+
+    return BrokenTask
+
+
+def test_check_fails_on_a_broken_task(capsys):
+    define_broken_task()
+    try:
+        assert main(["check", "test-broken-task"]) == 1
+    finally:
+        TASKS.remove("test-broken-task")
+    failed = capsys.readouterr().err.splitlines()
+    assert [line.split(": ")[1] for line in failed] == ["options declared with a default, a range and help",
+                                                         "the training stream resumes from its saved state"]
+    assert all(line.startswith("FAIL  task 'test-broken-task': ") for line in failed)
+    assert "option examples's default 0 is outside its range (>= 1)" in failed[0]
+    assert "differs from the batch the stream gave after that state" in failed[1]
