@@ -14,9 +14,9 @@ import warnings
 import pytest
 import torch
 
-import posbench.attention as attention
-from posbench.attention import BACKENDS, BackendError, attend, resolve_backend, valid_backends
-from posbench.bias import ScoreBias
+import posbench.model.attention as attention
+from posbench.model.attention import BACKENDS, BackendError, attend, resolve_backend, valid_backends
+from posbench.model.bias import ScoreBias
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 from encoding_helpers import BUILTIN, CONTEXTUAL, assert_close, seeded, tiny, tokens

@@ -17,7 +17,7 @@ import copy
 import pytest
 import torch
 
-import posbench.attention as attention
+import posbench.model.attention as attention
 from posbench.encodings import ENCODINGS
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from posbench.attention import BackendError, CONTEXTUAL_WHY, attend, resolve_backend
+from posbench.model.attention import BackendError, CONTEXTUAL_WHY, attend, resolve_backend
 from posbench.cli import main
 from posbench.encodings import ENCODINGS
 from posbench.encodings.alibi import alibi_slopes

@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import posbench.attention as attention
-from posbench.bias import table_rows
+import posbench.model.attention as attention
+from posbench.model.bias import table_rows
 from posbench.encodings import ENCODINGS
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)

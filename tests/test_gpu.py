@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import posbench.attention as attention
+import posbench.model.attention as attention
 from posbench.tasks.bench import speed
 from posbench.model import ModelConfig, Transformer
 

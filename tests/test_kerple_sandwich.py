@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from posbench.bias import ScoreBias
+from posbench.model.bias import ScoreBias
 from posbench.cli import main
 from posbench.encodings import ENCODINGS
 from posbench.options import OptionError

@@ -1,4 +1,4 @@
-"""Causal attention with a logit bias in query blocks (``posbench.query_blocks``, the CPU's path from 256
+"""Causal attention with a logit bias in query blocks (``posbench.model.query_blocks``, the CPU's path from 256
 queries up) against the definition; the Toeplitz layout of a relative bias against a loop; the relative
 declarations of ALiBi, T5 and FIRE against their functions; glibc keeping freed memory.
 
@@ -16,11 +16,11 @@ import sys
 import pytest
 import torch
 
-import posbench.attention as attention
-from posbench.attention import attend
-from posbench.bias import ScoreBias, ToeplitzLayout
+import posbench.model.attention as attention
+from posbench.model.attention import attend
+from posbench.model.bias import ScoreBias, ToeplitzLayout
 from posbench.encodings import ENCODINGS
-from posbench.query_blocks import CAUSAL_BLOCK, biased_query_blocks
+from posbench.model.query_blocks import CAUSAL_BLOCK, biased_query_blocks
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 from encoding_helpers import BUILTIN, assert_close, tiny, tokens
@@ -100,7 +100,7 @@ def test_blocks_without_gradients_equal_the_blocks_with():
 
 def test_without_gradients_each_block_makes_its_bias_when_it_is_used(monkeypatch):
     """A long evaluation holds one block's bias at a time: bias and scores alternate, block by block."""
-    import posbench.query_blocks as query_blocks
+    import posbench.model.query_blocks as query_blocks
 
     events = []
     real_scores = query_blocks.block_scores

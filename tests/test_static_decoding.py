@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from posbench.generate import Decoder, StaticCache
+from posbench.model.generate import Decoder, StaticCache
 
 from encoding_helpers import fresh_dynamo, one_thread  # noqa: F401 (fixtures)
 from encoding_helpers import BUILTIN, assert_close, tiny, tokens

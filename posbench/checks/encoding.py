@@ -150,7 +150,7 @@ def causal(model, x: torch.Tensor, vocab: int) -> str:
 def backends_agree(name: str, model, context: dict[str, Any], vocab: int, x: torch.Tensor) -> str:
     """Eager against SDPA (logits, and every gradient of one training step) and, where the encoding can run on
     it, FlexAttention (logits; it has no CPU backward)."""
-    from posbench.attention import FLEX_AVAILABLE
+    from posbench.model.attention import FLEX_AVAILABLE
 
     reference = model
     worst = 0.0

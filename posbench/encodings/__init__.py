@@ -5,7 +5,7 @@ each encoding registers itself by subclassing: a file dropped into this folder n
 encodings come through the ``posbench.encodings`` entry-point group or ``--plugins``.
 """
 
-from posbench.bias import ScoreBias
+from posbench.model.bias import ScoreBias
 from posbench.encodings.base import ENCODINGS, PositionalEncoding
 from posbench.registry import import_folder
 

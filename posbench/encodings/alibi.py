@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from posbench.bias import ScoreBias
+from posbench.model.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
 
 

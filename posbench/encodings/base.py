@@ -16,7 +16,7 @@ The model calls these hooks, in this order, and knows nothing else about any enc
         state = pe.after_attention(l, state, aggregated_extra)
         state = pe.after_mlp(l, state, mlp_output)
 
-A logit bias is a ``posbench.bias.ScoreBias``: a function of (head, query position, key position) and the
+A logit bias is a ``posbench.model.bias.ScoreBias``: a function of (head, query position, key position) and the
 encoding's own tensors, written once; the attention backend evaluates it inside its kernel (FlexAttention on
 a GPU) or broadcasts it into a tensor (eager, SDPA). ``bias(l, q_pos, k_pos)`` returns that tensor.
 
@@ -25,7 +25,7 @@ sigmoid(q_i . k_j), DAPE runs an MLP over every head's q_i . k_j and base bias. 
 ``[B, H, Nq, Nk]`` (causal and bottom-right aligned like attention: query i is the (Nk - Nq + i)-th key), so it
 cannot live in a fused kernel: attention then runs on a backend that takes a tensor (eager, or SDPA with a
 float mask), ``auto`` picks SDPA, and an explicit request for another (flex, flash_attn) is a one-line
-``BackendError``, raised when a run is configured (``posbench.attention.check_encoding_backend``) and again at
+``BackendError``, raised when a run is configured (``posbench.model.attention.check_encoding_backend``) and again at
 the first forward pass of a model built by hand. The tensor is float32 at least, autocast or not. An
 encoding defines ``score_bias`` or ``context_bias``, not both (``has_bias`` / ``has_context_bias`` say which).
 
@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posbench.bias import ScoreBias
+from posbench.model.bias import ScoreBias
 from posbench.options import Configurable
 from posbench.registry import Registry
 
@@ -111,7 +111,7 @@ class PositionalEncoding(Configurable, nn.Module):
         return q, k
 
     def score_bias(self, layer: int) -> ScoreBias | None:
-        """This layer's logit bias as an element-wise function (see ``posbench.bias``), or None."""
+        """This layer's logit bias as an element-wise function (see ``posbench.model.bias``), or None."""
         return None
 
     def context_bias(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
@@ -119,8 +119,8 @@ class PositionalEncoding(Configurable, nn.Module):
         see ``[B, H, Nk, D]`` (cached keys included; query i is the (Nk - Nq + i)-th key), as a tensor
         ``[B or 1, H, Nq, Nk]`` of at least float32; positions ``[B or 1, Nq]``, ``[B or 1, Nk]``. Entries right
         of the causal diagonal are ignored; no value left of it may depend on them. In a one-token step over a
-        static cache (``posbench.generate.StaticCache``: Nq = 1, k holds every slot) a key whose position is
-        ``posbench.generate.UNWRITTEN`` is an empty slot: its entry is ignored, and no other may depend on it."""
+        static cache (``posbench.model.generate.StaticCache``: Nq = 1, k holds every slot) a key whose position is
+        ``posbench.model.generate.UNWRITTEN`` is an empty slot: its entry is ignored, and no other may depend on it."""
         return None
 
     def state_values(self, layer: int, state: Any) -> Tensor | None:

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.encodings.base import PositionalEncoding
-from posbench.generate import UNWRITTEN
+from posbench.model.generate import UNWRITTEN
 from posbench.options import Option, OptionError, at_least
 
 

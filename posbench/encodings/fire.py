@@ -25,7 +25,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from posbench.bias import ScoreBias
+from posbench.model.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
 from posbench.options import Bound, Option, at_least, positive
 

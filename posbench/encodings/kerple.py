@@ -35,7 +35,7 @@ paper's best.
 Numerics: ``log1p`` for log(1 + x); the power is ``exp(r2 log d)`` for d > 0 and 0 at d = 0, written so that
 neither branch of the selection has an infinite or NaN gradient (d ** r2 at d = 0 has log 0 in its gradient with
 respect to r2). The bias depends on d only (``ScoreBias(relative=True)``): materialised for the CPU over
-consecutive shared positions, it is evaluated once per distinct distance, not once per score (``posbench.bias``).
+consecutive shared positions, it is evaluated once per distinct distance, not once per score (``posbench.model.bias``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from posbench.bias import ScoreBias
+from posbench.model.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
 from posbench.options import OneOf, Option, OptionError, positive
 

@@ -40,7 +40,7 @@ import math
 import torch
 from torch import Tensor
 
-from posbench.bias import ScoreBias
+from posbench.model.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
 from posbench.options import Bound, Option, OptionError, at_least
 

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posbench.bias import ScoreBias
+from posbench.model.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
 from posbench.options import Option, OptionError, at_least
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys
 
-from posbench.generate import greedy_generate
+from posbench.model.generate import greedy_generate
 from posbench.hf.cache_api import cache_kwargs
 from posbench.hf.rope import llama_of
 

@@ -11,7 +11,7 @@ carries two small files for ``trust_remote_code=True`` (``posbench.hf.export``),
 
 Generation: ``GenerationMixin.generate`` with transformers' own ``DynamicCache``. The cache holds what posbench's
 KV cache holds (rotated keys, values with TAPE's state appended); a thin view gives the ``Transformer`` the
-interface of ``posbench.generate.KVCache`` over it, so a cached step runs exactly posbench's cached step.
+interface of ``posbench.model.generate.KVCache`` over it, so a cached step runs exactly posbench's cached step.
 ``use_cache=False`` recomputes the whole sequence at every step. Padding is not supported (posbench models
 take no attention mask): every row of a batch must be a full, unpadded prompt.
 """
@@ -27,8 +27,9 @@ from transformers import initialization as init
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from posbench.hf.cache_api import causal_lm_output, take_cache
-from posbench.generate import shared_rows
-from posbench.model import ModelConfig, RMSNorm, Transformer
+from posbench.model.generate import shared_rows
+from posbench.model import ModelConfig, Transformer
+from posbench.model.transformer import RMSNorm
 
 MODEL_TYPE = "posbench"
 #: the ModelConfig fields a PosbenchConfig carries

@@ -2,7 +2,7 @@
 
 ``attend(q, k, v, bias, backend, q_pos=..., k_pos=...)``: q ``[B, H, Nq, D]``, k ``[B, H, Nk, D]``, v
 ``[B, H, Nk, Dv]`` (Dv may exceed D: TAPE appends its state to the values). ``bias`` is None, a
-``posbench.bias.ScoreBias`` (an element-wise function of head and positions; then ``q_pos [B or 1, Nq]`` and
+``posbench.model.bias.ScoreBias`` (an element-wise function of head and positions; then ``q_pos [B or 1, Nq]`` and
 ``k_pos [B or 1, Nk]`` are required) or a tensor ``[B or 1, H, Nq, Nk]``. Attention is causal and
 bottom-right aligned: query i (the (Nk - Nq + i)-th token) sees keys 0..Nk - Nq + i, which is what a KV cache
 needs. Scale 1/sqrt(D); softmax in float32 (at least) on the eager path.
@@ -11,7 +11,7 @@ needs. Scale 1/sqrt(D); softmax in float32 (at least) on the eager path.
 - ``sdpa``: ``F.scaled_dot_product_attention`` (fused flash / memory-efficient kernels on GPU); a bias is
   materialised and folded with the causal mask into one float mask (SDPA refuses both together). On a CPU,
   from two blocks of ``CAUSAL_BLOCK`` queries up, the queries go in blocks, each attending only the keys it
-  may see (``posbench.query_blocks``): with a bias, always (the bias of each block's rows only, plain
+  may see (``posbench.model.query_blocks``): with a bias, always (the bias of each block's rows only, plain
   operations with a hand-written backward, so a learned bias gets its gradient without SDPA's math kernel);
   without one, when the values are wider than the keys (TAPE), which would leave the flash kernel for the
   math kernel over every score.
@@ -46,9 +46,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posbench.bias import ScoreBias, table_score_mod, tensor_score_mod
+from posbench.model.bias import ScoreBias, table_score_mod, tensor_score_mod
 from posbench.errors import UserError
-from posbench.query_blocks import CAUSAL_BLOCK, biased_query_blocks, causal_mask, causal_query_blocks
+from posbench.model.query_blocks import CAUSAL_BLOCK, biased_query_blocks, causal_mask, causal_query_blocks
 
 Bias = ScoreBias | Tensor | None
 BACKENDS: dict[str, Callable[..., Tensor]] = {}

@@ -13,7 +13,7 @@ a float mask (any logit bias) or wider values (TAPE) send them over every score.
   tensor for a ``ScoreBias``: SDPA computes a float mask's gradient only in its math kernel, over the whole
   square. Without gradients nothing is kept between blocks (long evaluations hold one block's scores).
 
-Both are the same function as eager attention (``posbench.attention``), up to float rounding (tested in
+Both are the same function as eager attention (``posbench.model.attention``), up to float rounding (tested in
 tests/test_query_blocks.py against the definition in float64, every gradient included).
 
 Measured on a 2-core AMD EPYC (torch 2.13 CPU), one layer's attention at 1 x 4 heads x 2048 tokens x 64,
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posbench.bias import ScoreBias
+from posbench.model.bias import ScoreBias
 
 #: queries per block; below two blocks' worth of queries the square is small and one call is fastest
 CAUSAL_BLOCK = 128

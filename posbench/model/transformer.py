@@ -2,55 +2,23 @@
 
 Pre-norm blocks (RMSNorm, attention, RMSNorm, SwiGLU MLP), no biases, untied embeddings, N(0, 0.02) init.
 Everything positional goes through ``self.encoding`` (see ``encodings/base.py``); this file names no
-encoding.
+encoding. Its options are ``ModelConfig`` (``model/config.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posbench.attention import BACKENDS, attend, slot_attention
-from posbench.bias import ScoreBias, table_rows
-from posbench.encodings import ENCODINGS
-from posbench.generate import Decoder, KVCache, LayerCache, StaticCache, StaticLayerCache, greedy_generate, shared_rows
-from posbench.options import OneOf, OptionError, at_least, check_fields, option, positive
-
-
-@dataclass
-class ModelConfig:
-    """The model's options, each declared once (``posbench.options.option``) and checked alike from Python and
-    from ``--set model.KEY=VALUE``; ``encoding_options`` are checked by the encoding when it is built."""
-
-    vocab_size: int = option(256, "the vocabulary (set by the task)", at_least(1))
-    d_model: int = option(128, "the width of the hidden states", at_least(1))
-    n_layers: int = option(2, "decoder blocks", at_least(1))
-    n_heads: int = option(4, "attention heads (d_model / n_heads must be even)", at_least(1))
-    d_ff: int = option(0, "the SwiGLU MLP's width (0: 4 x d_model; the reference: 3072 for 768)", at_least(0))
-    max_seq_len: int = option(256, "the training length (encodings that need it read it from here)", at_least(0))
-    encoding: str = option("rope", "the positional encoding (posbench ls encodings)")
-    encoding_options: dict[str, Any] = field(default_factory=dict)
-    attention: str = option("auto", "the attention backend", OneOf(("auto", *sorted(BACKENDS))))
-    norm_eps: float = option(1e-5, "RMSNorm's epsilon", positive())
-    init_std: float = option(0.02, "the standard deviation of the N(0, std) initialisation", positive())
-
-    def __post_init__(self):
-        check_fields(self, "model")
-        if self.d_ff <= 0:
-            self.d_ff = 4 * self.d_model
-        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
-            raise OptionError(f"model: d_model {self.d_model} must split into {self.n_heads} heads of even size")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+from posbench.encodings.base import ENCODINGS     # the module, not the package: see posbench/model/__init__.py
+from posbench.model.attention import attend, slot_attention
+from posbench.model.bias import ScoreBias, table_rows
+from posbench.model.config import ModelConfig
+from posbench.model.generate import (Decoder, KVCache, LayerCache, StaticCache, StaticLayerCache, greedy_generate,
+                                     shared_rows)
 
 
 def default_positions(n: int, device: torch.device, cache: Any) -> Tensor:
@@ -214,7 +182,7 @@ class Transformer(nn.Module):
         return KVCache(self.config.n_layers, capacity)
 
     def new_static_cache(self, capacity: int, device: torch.device | str | None = None) -> StaticCache:
-        """A static cache of ``capacity`` tokens for compiled decoding (``posbench.generate``)."""
+        """A static cache of ``capacity`` tokens for compiled decoding (``posbench.model.generate``)."""
         device = device if device is not None else self.embed.weight.device
         return StaticCache(self.config.n_layers, capacity, device)
 

@@ -248,7 +248,7 @@ def check_sections(task_cls: Any, encoding_cls: Any, sections: dict[str, dict[st
     train = TrainConfig(**sections["train"]).to_dict()
     encoding = encoding_cls.resolve(sections["encoding"]) if encoding_cls is not None else {}
     if encoding_cls is not None:
-        from posbench.attention import check_encoding_backend
+        from posbench.model.attention import check_encoding_backend
 
         check_encoding_backend(model["attention"], encoding_cls.name, getattr(encoding_cls, "has_context_bias", False))
     task = task_cls.resolve(sections["task"])

@@ -7,7 +7,7 @@ A step is, by mode:
   clipping, AdamW, schedule; bf16 autocast on CUDA; compiled when ``train.compile`` says so);
 - ``forward``: one forward pass without gradients (evaluation mode);
 - ``decode``: ``new_tokens`` single-token steps after an untimed prompt (greedy), reported per token, with a
-  static cache (``posbench.generate.Decoder``): compiled, one graph serves every step (a CUDA graph on CUDA).
+  static cache (``posbench.model.generate.Decoder``): compiled, one graph serves every step (a CUDA graph on CUDA).
 
 Compilation (``compiled=True``) uses ``torch.compile`` with the given options (the backend: Inductor, or
 ``eager`` to trace without generating code). ``strict_compilation()`` surrounds a benchmark: each cell starts
@@ -186,7 +186,7 @@ def decode_step(model, length: int, batch: int, device: torch.device, precision:
                 compile_options: dict[str, Any] | None, new_tokens: int) -> Callable[[], float]:
     """Prefill untimed, then ``new_tokens`` single-token steps with a static cache; returns ms per token. The
     same cache (emptied) and, when compiled, the same compiled step serve every call."""
-    from posbench.generate import Decoder
+    from posbench.model.generate import Decoder
     from posbench.train.device import autocast
 
     model.eval()

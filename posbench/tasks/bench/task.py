@@ -99,7 +99,7 @@ class Bench(Task):
         task = sections["task"]
         names = [e for e in task["encodings"] if e] or sorted(ENCODINGS)
         task["encodings"] = list(dict.fromkeys([BASELINE, *names]))      # ratios are to RoPE: always, first
-        from posbench.attention import check_encoding_backend
+        from posbench.model.attention import check_encoding_backend
 
         context = cls.encoding_context(task)
         for name in task["encodings"]:

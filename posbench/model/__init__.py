@@ -1,0 +1,18 @@
+"""The model: one decoder for every encoding, its attention backends and its decoding.
+
+- ``config.py``: ``ModelConfig``, the model's options;
+- ``transformer.py``: ``Transformer``, the decoder (blocks, attention layer, MLP), which calls the encoding's hooks;
+- ``attention.py``: the attention backends (eager, SDPA, FlexAttention, flash-attn), one function, equal results;
+- ``query_blocks.py``: causal attention on the CPU in blocks of queries;
+- ``bias.py``: ``ScoreBias``, a logit bias written once for every backend;
+- ``generate.py``: KV caches (growing and static) and greedy decoding, compiled or not.
+
+The encodings (``posbench.encodings``) import ``bias.py`` and ``generate.py``, and ``transformer.py`` imports the
+encodings' registry from ``posbench.encodings.base`` (not from the package, which may be still importing this one):
+so either package can be imported first.
+"""
+
+from posbench.model.config import ModelConfig
+from posbench.model.transformer import Transformer
+
+__all__ = ["ModelConfig", "Transformer"]
