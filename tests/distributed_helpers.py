@@ -135,7 +135,7 @@ def ddp_probe_job(job: dict[str, Any]) -> dict[str, Any]:
     seed_everything(0)
     unfrozen = Transformer(ModelConfig(**cfg))
     for p in unfrozen.parameters():
-        p.requires_grad_(True)                       # as if unused_parameters() were not frozen
+        p.requires_grad_(True)                       # as if init_weights() had not frozen them
     ddp = distributed.wrap(unfrozen, torch.device("cpu"), "ddp").module
     try:
         for _ in range(2):

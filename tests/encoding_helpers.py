@@ -38,10 +38,10 @@ def builtin_encodings() -> list[str]:
 
 
 BUILTIN = builtin_encodings()
-#: encodings whose bias is computed from q and k (``context_bias``): a tensor, never on flex or flash_attn
+#: encodings whose bias is computed from q and k (``bias_from_qk``): a tensor, never on flex or flash_attn
 CONTEXTUAL = ["cope", "dape"]
 VOCAB = 50
-#: what a task would give an encoding that names these options in its ``task_context``: for the random tokens
+#: what a task would give an encoding that declares these options ``from_task``: for the random tokens
 #: of ``tokens()``, ten ids of the vocabulary are the digits 0-9 (a fifth of the tokens, so runs of digits occur)
 TASK_CONTEXT = {"digit_ids": [4, 5, 6, 7, 8, 9, 10, 11, 12, 13]}
 
@@ -51,6 +51,25 @@ def task_context(encoding: str) -> dict:
     from posbench.encodings import ENCODINGS
 
     return {key: TASK_CONTEXT[key] for key in ENCODINGS[encoding].task_context}
+
+
+def has_bias(encoding: str) -> bool:
+    """Whether the encoding adds a logit bias (overrides the ``bias`` hook)."""
+    from posbench.encodings import ENCODINGS, PositionalEncoding
+
+    return ENCODINGS[encoding].bias is not PositionalEncoding.bias
+
+
+def score_bias_of(pe, layer: int):
+    """An element-wise bias encoding's ``ScoreBias`` for ``layer`` (its ``bias`` hook reads neither the state, the
+    queries, the keys nor the positions: it returns a function of them)."""
+    return pe.bias(layer, None, None, None, None, None)
+
+
+def bias_tensor(pe, layer: int, q_pos: torch.Tensor, k_pos: torch.Tensor, state=None) -> torch.Tensor:
+    """An element-wise bias encoding's bias at these positions, as the tensor ``[B or 1, H, Nq, Nk]`` that eager
+    attention adds (its ``ScoreBias``, materialised)."""
+    return pe.bias(layer, state, None, None, q_pos, k_pos).materialise(pe.n_heads, q_pos, k_pos)
 
 
 def tiny(encoding: str, *, layers: int = 2, d_model: int = 32, heads: int = 4, max_seq_len: int = 16,
@@ -116,7 +135,7 @@ def run_layers(model: Transformer, toks: torch.Tensor, positions: torch.Tensor |
         positions = torch.arange(n)
     positions = positions.expand(b, n) if positions.dim() == 1 else positions
     pe = model.encoding
-    state = pe.read_tokens(toks, pe.init_state(positions), None)
+    state = pe.init_state(positions, toks, None)
     x = pe.embed(model.embed(toks), state)
     states = []
     for block in model.blocks:

@@ -51,6 +51,11 @@ def loop_indices(text: str) -> list[int]:
     return out
 
 
+def places(pe, tokens: torch.Tensor, memory: dict | None = None) -> torch.Tensor:
+    """Abacus's state for ``tokens``: each token's row of the table (the positions are not read)."""
+    return pe.init_state(torch.arange(tokens.shape[1]).expand_as(tokens), tokens, memory)
+
+
 TEXTS = ["123+4567=", "21+9=12", "=5", "1234567890", "+", "007+0=7", "9+99=801", "1-2x3=45678",
          "+-x=", "5"]
 
@@ -58,7 +63,7 @@ TEXTS = ["123+4567=", "21+9=12", "=5", "1234567890", "+", "007+0=7", "9+99=801",
 @pytest.mark.parametrize("text", TEXTS)
 def test_the_digit_index_equals_a_python_loop(text):
     pe = model().encoding.eval()
-    got = pe.read_tokens(ids(text), None, None)
+    got = places(pe, ids(text))
     assert got[0].tolist() == loop_indices(text)
 
 
@@ -66,13 +71,13 @@ def test_hand_written_indices():
     """The brief's example, written out: 1 for the first digit in the order the task writes them."""
     assert loop_indices("123+4567=") == [1, 2, 3, 0, 1, 2, 3, 4, 0]
     pe = model().encoding.eval()
-    assert pe.read_tokens(ids("123+4567="), None, None).tolist() == [[1, 2, 3, 0, 1, 2, 3, 4, 0]]
+    assert places(pe, ids("123+4567=")).tolist() == [[1, 2, 3, 0, 1, 2, 3, 4, 0]]
 
 
 def test_a_batch_of_random_rows_equals_the_loop_row_by_row():
     pe = model().encoding.eval()
     x = digit_rich(16, 30, seed=4) % VOCAB         # ids 4-13 are digits, any other id is not
-    got = pe.read_tokens(x, None, None)
+    got = places(pe, x)
     for row in range(16):
         text = "".join(str(i - 4) if 4 <= i <= 13 else "+" for i in x[row].tolist())
         assert got[row].tolist() == loop_indices(text)
@@ -84,10 +89,10 @@ def test_a_kv_cache_memory_continues_the_count_across_calls(cut):
     equals the whole sequence's state there, also when the cut splits a number."""
     pe = model().encoding.eval()
     x = ids("123+4567=")
-    full = pe.read_tokens(x, None, None)
+    full = places(pe, x)
     memory: dict = {}
-    first = pe.read_tokens(x[:, :cut], None, memory)
-    second = pe.read_tokens(x[:, cut:], None, memory)
+    first = places(pe, x[:, :cut], memory)
+    second = places(pe, x[:, cut:], memory)
     assert torch.equal(torch.cat((first, second), 1), full)
 
 
@@ -95,8 +100,8 @@ def test_one_token_at_a_time_with_memory():
     pe = model().encoding.eval()
     x = digit_rich(3, 20, seed=2) % VOCAB
     memory: dict = {}
-    steps = [pe.read_tokens(x[:, i:i + 1], None, memory) for i in range(20)]
-    assert torch.equal(torch.cat(steps, 1), pe.read_tokens(x, None, None))
+    steps = [places(pe, x[:, i:i + 1], memory) for i in range(20)]
+    assert torch.equal(torch.cat(steps, 1), places(pe, x))
 
 
 # ---- the training offset --------------------------------------------------------------------------------
@@ -104,9 +109,9 @@ def offsets(pe, text: str, rows: int) -> torch.Tensor:
     """k of every row (train index minus eval index at the digits), after checking it is one k per row."""
     x = ids(text).repeat(rows, 1)
     pe.eval()
-    base = pe.read_tokens(x, None, None)
+    base = places(pe, x)
     pe.train()
-    shifted = pe.read_tokens(x, None, None)
+    shifted = places(pe, x)
     digit = base > 0
     assert torch.equal(shifted[~digit], base[~digit]), "non-digits never get an offset"
     k = shifted - base
@@ -146,9 +151,9 @@ def test_no_offset_at_evaluation_and_none_with_max_k_zero():
     pe = model().encoding.eval()
     x = ids("123+4567=").repeat(8, 1)
     for _ in range(3):
-        assert torch.equal(pe.read_tokens(x, None, None), torch.tensor(loop_indices("123+4567=")).expand(8, -1))
+        assert torch.equal(places(pe, x), torch.tensor(loop_indices("123+4567=")).expand(8, -1))
     pe = model(max_k=0).encoding.train()
-    assert torch.equal(pe.read_tokens(x, None, None), torch.tensor(loop_indices("123+4567=")).expand(8, -1))
+    assert torch.equal(places(pe, x), torch.tensor(loop_indices("123+4567=")).expand(8, -1))
 
 
 def test_the_offset_comes_from_torchs_generator_not_pythons():
@@ -156,10 +161,10 @@ def test_the_offset_comes_from_torchs_generator_not_pythons():
     x = ids("123+4567=").repeat(16, 1)
     torch.manual_seed(5)
     random.seed(0)
-    a = pe.read_tokens(x, None, None)
+    a = places(pe, x)
     torch.manual_seed(5)
     random.seed(1)
-    b = pe.read_tokens(x, None, None)
+    b = places(pe, x)
     assert torch.equal(a, b)
 
 
@@ -167,11 +172,11 @@ def test_a_cache_used_in_training_keeps_each_rows_offset():
     pe = model().encoding.train()
     x = ids("1234+5678=").repeat(32, 1)
     torch.manual_seed(3)
-    full = pe.read_tokens(x, None, None)
+    full = places(pe, x)
     torch.manual_seed(3)
     memory: dict = {}
-    parts = [pe.read_tokens(x[:, :2], None, memory), pe.read_tokens(x[:, 2:7], None, memory),
-             pe.read_tokens(x[:, 7:], None, memory)]
+    parts = [places(pe, x[:, :2], memory), places(pe, x[:, 2:7], memory),
+             places(pe, x[:, 7:], memory)]
     assert torch.equal(torch.cat(parts, 1), full)
 
 
@@ -183,11 +188,11 @@ def test_the_table_covers_max_k_plus_max_digits_and_clamps_beyond():
     twelve = ids("123456789012")
     pe.train()
     for _ in range(20):                                            # the longest number trained: never clamped
-        got = pe.read_tokens(twelve, None, None)
+        got = places(pe, twelve)
         assert torch.equal(got - got[0, 0] + 1, torch.arange(1, 13)[None]) and int(got.max()) <= 17
     pe.eval()
     long = ids("1" * 30)                                           # 30 digits: rows 1..17, then row 17 again
-    assert pe.read_tokens(long, None, None)[0].tolist() == list(range(1, 18)) + [17] * 13
+    assert places(pe, long)[0].tolist() == list(range(1, 18)) + [17] * 13
 
 
 def test_the_embedding_is_the_token_embedding_plus_the_table_row():
@@ -195,7 +200,7 @@ def test_the_embedding_is_the_token_embedding_plus_the_table_row():
     x = ids("123+4567=")
     rows = torch.tensor([loop_indices("123+4567=")])
     expected = m.embed(x) + m.encoding.table.weight[rows]
-    state = m.encoding.read_tokens(x, m.encoding.init_state(torch.arange(9)[None]), None)
+    state = m.encoding.init_state(torch.arange(9)[None], x, None)
     assert_close(m.encoding.embed(m.embed(x), state), expected)
 
 

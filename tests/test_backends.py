@@ -19,7 +19,7 @@ from posbench.model.attention import BACKENDS, BackendError, attend, resolve_bac
 from posbench.model.bias import ScoreBias
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
-from encoding_helpers import BUILTIN, CONTEXTUAL, assert_close, seeded, tiny, tokens
+from encoding_helpers import BUILTIN, CONTEXTUAL, assert_close, score_bias_of, seeded, tiny, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -185,7 +185,7 @@ def test_flex_pads_every_length_to_its_block_and_equals_eager(encoding, nq, nk, 
     rows = 2 if per_row else 1
     k_pos = torch.arange(nk)[None].repeat(rows, 1) + torch.arange(rows)[:, None] * 7 + 3
     q_pos = k_pos[:, nk - nq:]
-    score_bias = pe.score_bias(0)
+    score_bias = score_bias_of(pe, 0)
     with torch.no_grad():
         expected = attend(q, k, v, score_bias, "eager", q_pos=q_pos, k_pos=k_pos)
         got = run_backend("flex", q, k, v, score_bias, q_pos=q_pos, k_pos=k_pos)

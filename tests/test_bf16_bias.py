@@ -21,7 +21,7 @@ import posbench.model.attention as attention
 from posbench.encodings import ENCODINGS
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
-from encoding_helpers import assert_close
+from encoding_helpers import assert_close, bias_tensor, score_bias_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,10 +50,10 @@ def test_every_bias_under_bf16_autocast_is_its_float32_evaluation(name):
     pe = build(name)
     reference = copy.deepcopy(pe).double()
     q_pos, k_pos = torch.arange(FAR - 4, FAR)[None], torch.arange(FAR)[None]
-    expected = reference.bias(1, q_pos, k_pos)
+    expected = bias_tensor(reference, 1, q_pos, k_pos)
     with autocast_bf16():
-        score_bias = pe.score_bias(1)
-        got = pe.bias(1, q_pos, k_pos)
+        score_bias = score_bias_of(pe, 1)
+        got = bias_tensor(pe, 1, q_pos, k_pos)
         mod = score_bias.score_mod(q_pos, k_pos)
         head, i, j = torch.arange(HEADS)[:, None, None], torch.arange(4)[None, :, None], torch.arange(FAR)[None, None]
         in_kernel = mod(torch.zeros(()), torch.tensor(0), head, i, j)
@@ -72,7 +72,7 @@ def test_fire_gives_64_values_to_the_64_nearest_keys_of_the_last_query_in_bf16()
     of 8,192 queries saw 3 distinct biases over its 64 nearest keys."""
     pe = build("fire")
     with autocast_bf16():
-        bias = pe.bias(0, torch.tensor([[FAR - 1]]), torch.arange(FAR - 64, FAR)[None])
+        bias = bias_tensor(pe, 0, torch.tensor([[FAR - 1]]), torch.arange(FAR - 64, FAR)[None])
     for h in range(HEADS):
         assert bias[0, h, 0].unique().numel() == 64
 
@@ -91,7 +91,7 @@ def test_a_decoding_step_in_bf16_adds_the_bias_in_float32(backend):
     """ALiBi at distances near 8,150: SDPA takes a mask only in q's dtype, and a bias rounded to bf16 moved the
     output by 2e-2; every backend now matches the float64 reference within bf16's rounding of the output."""
     q, k, v, q_pos, k_pos = far_keys_case()
-    bias = build("alibi").score_bias(0)
+    bias = score_bias_of(build("alibi"), 0)
     expected = attention.eager_attention(q.double(), k.double(), v.double(), bias, q_pos, k_pos)
     got = attention.attend(q, k, v, bias, backend, q_pos=q_pos, k_pos=k_pos)
     assert (got.double() - expected).abs().max() <= 4e-3
@@ -102,7 +102,7 @@ def test_decoding_equals_prefill_in_bf16():
     8,160..8,191 over the same 64 keys, both in bf16, agree within bf16's rounding and both match float64."""
     q, k, v, q_pos, k_pos = far_keys_case()
     q_many = torch.zeros(1, HEADS, 32, HEAD_DIM, dtype=torch.bfloat16)
-    bias = build("alibi").score_bias(0)
+    bias = score_bias_of(build("alibi"), 0)
     prefill = attention.attend(q_many, k, v, bias, q_pos=torch.arange(FAR - 32, FAR)[None], k_pos=k_pos)[:, :, -1:]
     decode = attention.attend(q, k, v, bias, q_pos=q_pos, k_pos=k_pos)
     expected = attention.eager_attention(q.double(), k.double(), v.double(), bias, q_pos, k_pos)

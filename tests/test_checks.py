@@ -42,7 +42,7 @@ def define_broken():
             super().__init__(*args, **kwargs)
             self.scale = torch.rand(1) + 0.5               # 5: neither a parameter nor a buffer, nor rebuilt
 
-        def init_state(self, positions):                   # 2: forgets the cache's offset
+        def init_state(self, positions, tokens, memory):   # 2: forgets the cache's offset
             return torch.arange(positions.shape[1], device=positions.device).expand_as(positions)
 
         def embed(self, x, positions):
@@ -70,6 +70,28 @@ def test_check_fails_on_a_broken_encoding_one_line_per_failed_check(capsys):
     assert all(line.startswith("FAIL  encoding 'test-broken': ") for line in failed)
     assert "option width=4 declares no range" in failed[0]
     assert "ok    encoding 'test-broken': the attention backends agree" in out
+
+
+def test_check_fails_on_a_tensor_bias_the_class_does_not_declare(capsys):
+    """A bias returned as a tensor (computed from q and k) needs ``bias_from_qk = True``, which routes attention to
+    the backends that take a tensor: without it the model refuses at the first forward pass, naming the flag, and
+    the kit stops there; with it the same encoding passes."""
+
+    class QKBias(PositionalEncoding):
+        name = "test-qk-bias"
+
+        def bias(self, layer, state, q, k, q_pos, k_pos):    # -|q_i - k_j|^2 / D: computed from q and k
+            return -torch.cdist(q.float(), k.float()) ** 2 / q.shape[-1]
+
+    try:
+        assert main(["check", "test-qk-bias", "--no-compiled"]) == 1
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "builds, and every trainable parameter reaches the loss" in err[0]
+        assert "must say bias_from_qk = True" in err[0]
+        QKBias.bias_from_qk = True
+        assert main(["check", "test-qk-bias", "--no-compiled"]) == 0
+    finally:
+        ENCODINGS.remove("test-qk-bias")
 
 
 def test_check_refuses_an_unknown_name_in_one_line(capsys):

@@ -1,4 +1,4 @@
-"""CoPE and DAPE: logit biases computed from the queries and keys (``context_bias``).
+"""CoPE and DAPE: logit biases computed from the queries and keys (``bias_from_qk``).
 
 Each is checked against an independent derivation: a plain loop over (head, query, key) that follows the
 papers' equations (CoPE: gates, the sum from the key to the query, the interpolated embedding *vector* dotted
@@ -24,7 +24,7 @@ from posbench.encodings.cope import reversed_positions
 from posbench.encodings.dape import BASES
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
-from encoding_helpers import assert_close, tiny, tokens
+from encoding_helpers import assert_close, has_bias, tiny, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -86,7 +86,7 @@ def test_cope_bias_equals_the_papers_equations_one_pair_at_a_time(nq, nk, npos_m
     q, k = qk(nq, nk, scale=1.5)
     mask = visible(nq, nk)
     for layer in range(2):
-        got = pe.context_bias(layer, q, k, None, None)
+        got = pe.bias(layer, None, q, k, None, None)
         expected, positions = cope_by_the_paper(q, k, pe.pos_emb[layer].detach(), pe.npos_max)
         assert got.shape == (2, H, nq, nk)
         torch.testing.assert_close(got[..., mask], expected[..., mask], rtol=1e-10, atol=1e-10)
@@ -118,7 +118,7 @@ def test_cope_positions_grow_away_from_the_query_and_stay_in_range():
 def test_cope_gradients_reach_the_gates_the_queries_keys_and_the_table():
     pe = build("cope")
     q, k = (t.requires_grad_() for t in qk(6, 6))
-    bias = pe.context_bias(0, q, k, None, None)
+    bias = pe.bias(0, None, q, k, None, None)
     (bias[..., visible(6, 6)] * torch.randn(2, H, 21, dtype=torch.float64)).sum().backward()
     assert q.grad.abs().max() > 0 and pe.pos_emb.grad[0].abs().max() > 0
     assert k.grad.abs().max() > 0                               # only through the gates (p - floor p)
@@ -180,7 +180,7 @@ def test_dape_bias_equals_the_mlp_applied_one_pair_at_a_time(base, nq, nk):
     k_pos = torch.arange(nk)[None] + 3
     q_pos = k_pos[:, nk - nq:]
     for layer in range(2):
-        got = pe.context_bias(layer, q, k, q_pos, k_pos)
+        got = pe.bias(layer, None, q, k, q_pos, k_pos)
         expected = dape_by_the_paper(pe, base, layer, q, k, q_pos, k_pos)
         assert got.shape == (2, H, nq, nk)
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)   # every entry: f acts pair by pair
@@ -222,13 +222,13 @@ def test_dape_kerple_has_one_kernel_pair_per_layer_as_released():
     for layer in range(3):
         r1, r2 = (t.detach().clamp(min=0.01) for t in (pe.base.kernels[layer].r1, pe.base.kernels[layer].r2))
         by_hand = torch.stack([-r1 * torch.log1p(r2 * d) for d in (9.0, 5.0, 0.0)], dim=-1)     # [H, 3]
-        got = pe.base_bias(layer, i, j)[0, :, 0, :].detach()
+        got = pe.base_bias(layer, None, i, j)[0, :, 0, :].detach()
         torch.testing.assert_close(got, by_hand, rtol=1e-12, atol=1e-12)
         biases.append(got)
     assert (biases[0] - biases[1]).abs().max() > 1e-3                 # the layers' pairs differ
     shared = build("dape", n_layers=3, base="kerple", base_per_layer=False)
     assert len(shared.base.kernels) == 1
-    torch.testing.assert_close(shared.base_bias(0, i, j), shared.base_bias(2, i, j), rtol=0, atol=0)
+    torch.testing.assert_close(shared.base_bias(0, None, i, j), shared.base_bias(2, None, i, j), rtol=0, atol=0)
 
 
 def test_dape_fire_starts_its_threshold_at_64_as_released():
@@ -248,13 +248,13 @@ def test_dape_fire_starts_its_threshold_at_64_as_released():
             for j in (0, i // 2, i):
                 u = math.log(abs(c * (i - j)) + 1) / (math.log(abs(c * max(i, 64.0)) + 1) + 1e-6)
                 by_hand = w2 @ torch.relu(w1 * u + b1) + b2
-                got = pe.base_bias(layer, torch.tensor([[i]]), torch.tensor([[j]]))[0, :, 0, 0].detach()
+                got = pe.base_bias(layer, None, torch.tensor([[i]]), torch.tensor([[j]]))[0, :, 0, 0].detach()
                 torch.testing.assert_close(got, by_hand, rtol=1e-12, atol=1e-12)
     assert build("dape", base="fire", fire_init_l=512.0).base.options["init_l"] == 512.0
 
 
 def test_dape_bases_are_the_element_wise_biases_that_exist():
-    assert set(BASES) <= {name for name in ENCODINGS if ENCODINGS[name].has_bias}
+    assert set(BASES) <= {name for name in ENCODINGS if has_bias(name) and not ENCODINGS[name].bias_from_qk}
     assert ENCODINGS["dape"].OPTIONS["base"].limit.choices == BASES
 
 
@@ -269,7 +269,7 @@ def test_the_contextual_bias_is_the_same_through_every_backend_that_takes_it(nam
         g = torch.Generator().manual_seed(5)
         q, k, v = (torch.randn(2, H, n, D, generator=g).requires_grad_() for n in (5, 9, 9))
         k_pos = torch.arange(9)[None]
-        bias = pe.context_bias(0, q, k, k_pos[:, 4:], k_pos)
+        bias = pe.bias(0, None, q, k, k_pos[:, 4:], k_pos)
         out = attend(q, k, v, bias, backend, q_pos=k_pos[:, 4:], k_pos=k_pos, contextual=True)
         (out * torch.randn(out.shape, generator=g)).sum().backward()
         results[backend] = [out.detach(), q.grad, k.grad, v.grad] + [p.grad for p in pe.parameters()

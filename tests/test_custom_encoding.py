@@ -16,6 +16,7 @@ from posbench.model import ModelConfig, Transformer
 from posbench.options import Option, positive
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
+from encoding_helpers import bias_tensor
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -83,7 +84,7 @@ def define_sinusoidal_ape():
         name = "test-sincos"
         OPTIONS = {"base": Option(10000.0, "the sinusoids' base", positive())}
 
-        def init_state(self, positions):
+        def init_state(self, positions, tokens, memory):
             half = self.d_model // 2
             freq = self.options["base"] ** (-torch.arange(half, dtype=torch.float32) / half)
             angle = positions[..., None].float() * freq
@@ -102,7 +103,7 @@ def test_sinusoidal_ape_defined_in_a_test_file():
         model = Transformer(ModelConfig(vocab_size=30, d_model=32, n_layers=2, n_heads=4, encoding="test-sincos",
                                         encoding_options={"base": 100}))
         assert model.config.encoding_options == {"base": 100.0}
-        table = model.encoding.init_state(torch.arange(3)[None])
+        table = model.encoding.init_state(torch.arange(3)[None], None, None)
         # position 2: sin(2 * 100^0) in channel 0, cos(2 * 100^(-1/16)) in channel 17
         assert abs(table[0, 2, 0].item() - math.sin(2.0)) < 1e-6
         assert abs(table[0, 2, 17].item() - math.cos(2.0 * 100 ** (-1 / 16))) < 1e-6
@@ -125,14 +126,14 @@ def test_readme_bias_example_runs_on_every_backend_with_gradients():
     try:
         exec(compile(readme_example("gaussian.py"), str(README), "exec"), namespace)
         cls = ENCODINGS["gaussian"]
-        assert cls.has_bias and cls is namespace["GaussianWindow"]
+        assert cls is namespace["GaussianWindow"] and not cls.bias_from_qk
         cfg = dict(vocab_size=30, d_model=32, n_layers=2, n_heads=4, encoding="gaussian")
         torch.manual_seed(0)
         eager = Transformer(ModelConfig(**cfg, attention="eager"))
         with torch.no_grad():
             eager.encoding.log_width.uniform_(0.0, 2.0)
         # the bias by hand: -((i - j) / w)^2 for the layer's widths
-        bias = eager.encoding.bias(1, torch.tensor([[5]]), torch.tensor([[0, 2, 5]]))
+        bias = bias_tensor(eager.encoding, 1, torch.tensor([[5]]), torch.tensor([[0, 2, 5]]))
         width = eager.encoding.log_width[1].detach().exp()
         for h in range(4):
             for b, j in enumerate((0, 2, 5)):
@@ -151,6 +152,69 @@ def test_readme_bias_example_runs_on_every_backend_with_gradients():
         train_one_step(Transformer(ModelConfig(**cfg)), 30)
     finally:
         ENCODINGS.remove("gaussian")
+        sys.modules.pop(module.__name__, None)
+
+
+def test_the_hook_table_lists_the_eight_hooks_in_the_order_the_model_calls_them():
+    """docs/extending.md's table is the contract: one row per hook of ``posbench.encodings.base.HOOKS`` (at most
+    eight), each a method of the base class with the documented parameters and at least one user named."""
+    import inspect
+
+    from posbench.encodings.base import HOOKS
+
+    text = README.read_text(encoding="utf-8")
+    table = text[text.index("| hook | what it does | used by |"):text.index("Hooks receive the layer")]
+    rows = [line.split("|")[1:4] for line in table.splitlines()[2:] if line.startswith("| `")]
+    assert len(HOOKS) <= 8 and [re.match(r" `(\w+)\(", hook).group(1) for hook, _, _ in rows] == list(HOOKS)
+    for (hook, _, users), name in zip(rows, HOOKS):
+        documented = re.findall(r"\w+", hook.split("(", 1)[1])
+        assert documented == list(inspect.signature(getattr(PositionalEncoding, name)).parameters)[1:], name
+        assert users.strip(), name
+    public = {n for n, v in vars(PositionalEncoding).items() if callable(v) and not n.startswith("_")}
+    assert public - set(HOOKS) == {"extra_repr"}      # no other method to override (nn.Module's own aside)
+
+
+def test_the_randomized_alibi_example_reads_its_positions_from_the_state():
+    """docs/extending.md's Randomized ALiBi: at evaluation ALiBi bit for bit; while training the bias of every
+    (head, i, j) is -m_h (r_i - r_j) for the drawn positions r (sorted, distinct, in [0, 4 x max_seq_len)), whose
+    slopes are computed here from Press et al.'s formula; the contract kit passes on it."""
+    import sys
+    import types
+
+    from posbench.checks import check_encoding
+
+    module = types.ModuleType("readme_random_alibi")      # a real module: FlexAttention's tracing imports it
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(readme_example("random_alibi.py"), str(README), "exec"), module.__dict__)
+        cfg = dict(vocab_size=30, d_model=32, n_layers=2, n_heads=4, max_seq_len=16)
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(**cfg, encoding="random-alibi"))
+        alibi = Transformer(ModelConfig(**cfg, encoding="alibi"))
+        alibi.load_state_dict(model.state_dict())
+        x = torch.randint(0, 30, (2, 12), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            assert torch.equal(model.eval()(x), alibi.eval()(x))
+        pe = model.encoding.train()
+        positions = torch.arange(12)[None]
+        torch.manual_seed(3)
+        drawn = pe.init_state(positions, x, None)
+        assert drawn.shape == (12,) and bool((drawn[1:] > drawn[:-1]).all()) and 0 <= int(drawn[0])
+        assert int(drawn[-1]) < 4 * 16
+        bias = bias_tensor(pe, 0, positions, positions, state=drawn)
+        slopes = [2.0 ** (-8.0 * h / 4) for h in range(1, 5)]
+        for h in range(4):
+            for i in range(12):
+                for j in range(12):
+                    expected = -slopes[h] * (int(drawn[i]) - int(drawn[j]))
+                    assert abs(bias[0, h, i, j].item() - expected) <= 1e-6 * max(1.0, abs(expected))
+        torch.manual_seed(3)
+        again = pe.init_state(positions, x, None)
+        torch.manual_seed(4)
+        assert torch.equal(again, drawn) and not torch.equal(pe.init_state(positions, x, None), drawn)
+        check_encoding("random-alibi").assert_ok()
+    finally:
+        ENCODINGS.remove("random-alibi")
         sys.modules.pop(module.__name__, None)
 
 

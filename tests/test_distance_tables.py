@@ -21,7 +21,7 @@ from posbench.model.bias import table_rows
 from posbench.encodings import ENCODINGS
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
-from encoding_helpers import assert_close
+from encoding_helpers import assert_close, bias_tensor, score_bias_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,8 +50,8 @@ def test_a_table_gives_the_materialised_bias_and_its_gradients(name, options, nq
         (bias * weights).sum().backward()
         return [p.grad.clone() for p in pe.parameters() if p.grad is not None]
 
-    materialised = pe.bias(0, q_pos, k_pos)
-    from_table = table_rows(pe.score_bias(0).distance_table(HEADS, nk, "cpu"), torch.arange(nk - nq, nk), nk)
+    materialised = bias_tensor(pe, 0, q_pos, k_pos)
+    from_table = table_rows(score_bias_of(pe, 0).distance_table(HEADS, nk, "cpu"), torch.arange(nk - nq, nk), nk)
     visible = torch.ones(nq, nk, dtype=torch.bool).tril(nk - nq)
     assert_close(from_table.expand(1, HEADS, nq, nk)[..., visible], materialised[..., visible])
     if list(pe.parameters()):
@@ -71,7 +71,7 @@ def test_flex_reading_the_table_equals_eager_attention(name, nq, nk):
     q, k, v = (torch.randn(2, HEADS, n, HEAD_DIM, generator=generator) for n in (nq, nk, nk))
     q_pos, k_pos = torch.arange(nk - nq, nk)[None], torch.arange(nk)[None]
     with torch.no_grad():
-        bias = pe.score_bias(0)
+        bias = score_bias_of(pe, 0)
         expected = attention.attend(q, k, v, bias, "eager", q_pos=q_pos, k_pos=k_pos)
         got = attention.attend(q, k, v, bias, "flex", q_pos=q_pos, k_pos=k_pos, aligned=True)
     assert_close(got, expected)

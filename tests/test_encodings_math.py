@@ -14,6 +14,7 @@ from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.t5 import causal_bucket
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
+from encoding_helpers import bias_tensor
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,7 +45,7 @@ def test_alibi_bias_is_minus_slope_times_distance():
     alibi = build("alibi", n_heads=12)
     q_pos = torch.tensor([[3, 7, 100]])
     k_pos = torch.tensor([[0, 3, 5, 7]])
-    bias = alibi.bias(0, q_pos, k_pos)
+    bias = bias_tensor(alibi, 0, q_pos, k_pos)
     assert bias.shape == (1, 12, 3, 4)
     slopes = alibi_slopes(12)
     for h in range(12):
@@ -89,7 +90,7 @@ def test_t5_bias_reads_the_layer_table():
     t5 = build("t5", n_layers=2)
     q_pos, k_pos = torch.tensor([[40, 200]]), torch.tensor([[0, 5, 40]])
     for layer in range(2):
-        bias = t5.bias(layer, q_pos, k_pos)
+        bias = bias_tensor(t5, layer, q_pos, k_pos)
         table = t5.tables[layer].weight
         for a, i in enumerate([40, 200]):
             for b, j in enumerate([0, 5, 40]):
@@ -115,7 +116,7 @@ def test_rope_matches_complex_multiplication(options):
     positions = torch.tensor([[0, 1, 7, 1000, 100_000]])
     q = torch.randn(1, HEADS, 5, HEAD_DIM)
     k = torch.randn(1, HEADS, 5, HEAD_DIM)
-    q_rot, k_rot = rope.rotate(0, q, k, rope.init_state(positions))
+    q_rot, k_rot = rope.rotate(0, q, k, rope.init_state(positions, None, None))
     for h in range(HEADS):
         for n, t in enumerate(positions[0].tolist()):
             expected = rope_by_complex(q[0, h, n].tolist(), t, **options)
@@ -131,7 +132,7 @@ def test_rope_logit_is_a_function_of_distance():
     q = torch.randn(1, 1, 1, HEAD_DIM).expand(1, 1, 6, HEAD_DIM)
     k = torch.randn(1, 1, 1, HEAD_DIM).expand(1, 1, 6, HEAD_DIM)
     positions = torch.tensor([[3, 10, 50, 57, 60, 100]])
-    qr, kr = rope.rotate(0, q, k, rope.init_state(positions))
+    qr, kr = rope.rotate(0, q, k, rope.init_state(positions, None, None))
     dot = qr[0, 0] @ kr[0, 0].T
     torch.testing.assert_close(dot[1, 0], dot[3, 2], rtol=1e-5, atol=1e-5)    # distance 7 both
     torch.testing.assert_close(dot[4, 1], dot[5, 2], rtol=1e-5, atol=1e-5)    # distance 50 both
@@ -154,7 +155,7 @@ def test_xpos_matches_complex_derivation_and_decays_with_distance():
     positions = torch.tensor([[0, 5, 40, 300]])
     q = torch.randn(1, 1, 4, d)
     k = torch.randn(1, 1, 4, d)
-    qr, kr = xpos.rotate(0, q, k, xpos.init_state(positions))
+    qr, kr = xpos.rotate(0, q, k, xpos.init_state(positions, None, None))
     centre = MAX_LEN // 2
     for n, t in enumerate(positions[0].tolist()):
         for f in range(half):
@@ -169,7 +170,7 @@ def test_xpos_matches_complex_derivation_and_decays_with_distance():
             assert kr[0, 0, n, f + half].item() == pytest.approx(zk.imag, abs=1e-5)
     # the q.k product of one frequency pair is RoPE's times zeta ** ((i - j) / 2048): decays for i > j
     rope = build("rope")
-    qo, ko = rope.rotate(0, q, k, rope.init_state(positions))
+    qo, ko = rope.rotate(0, q, k, rope.init_state(positions, None, None))
     zeta = xpos.zeta().float()
     pair = lambda a, b, i, j: a[0, 0, i] * b[0, 0, j]  # noqa: E731
     for i, j in [(3, 0), (2, 1), (3, 2)]:
@@ -205,7 +206,7 @@ def test_fire_bias_matches_numpy_formula():
             x = psi(i - j) / (psi(max(i, big_l)) + eps)
             hidden = np.maximum(w1 * x + b1, 0.0)
             expected[:, a, b] = w2 @ hidden + b2
-    got = fire.bias(1, torch.tensor(q_pos)[None], torch.tensor(k_pos)[None])
+    got = bias_tensor(fire, 1, torch.tensor(q_pos)[None], torch.tensor(k_pos)[None])
     assert got.shape == (1, HEADS, len(q_pos), len(k_pos))
     np.testing.assert_allclose(got[0].detach().numpy(), expected, rtol=1e-5, atol=1e-5)
 

@@ -21,7 +21,7 @@ import posbench.model.attention as attention
 from posbench.tasks.bench import speed
 from posbench.model import ModelConfig, Transformer
 
-from encoding_helpers import BUILTIN, CONTEXTUAL, perturb_cope, perturb_tape, task_context
+from encoding_helpers import BUILTIN, CONTEXTUAL, has_bias, perturb_cope, perturb_tape, score_bias_of, task_context
 
 pytestmark = pytest.mark.gpu
 
@@ -77,7 +77,7 @@ def test_bf16_backend_against_a_float64_reference(encoding, backend):
     ref_logits, ref_grads = forward_backward(reference, x, bf16=False)
     eager_logits, eager_grads = forward_backward(gpu_model(encoding, "eager"), x, bf16=True)
     model = gpu_model(encoding, backend)
-    if (backend == "flash_attn" and type(model.encoding).has_bias) or \
+    if (backend == "flash_attn" and has_bias(encoding)) or \
             (backend in ("flex", "flash_attn") and encoding in CONTEXTUAL):
         with pytest.raises(attention.BackendError):
             model(x)
@@ -194,7 +194,7 @@ def test_flex_in_bf16_adds_the_bias_in_float32_at_8192_tokens(encoding):
     q, k, v = (torch.randn(1, 4, n, 32, device=CUDA, generator=generator) for n in (128, 8192, 8192))
     q_pos, k_pos = torch.arange(8192 - 128, 8192, device=CUDA)[None], torch.arange(8192, device=CUDA)[None]
     with torch.no_grad():
-        bias = pe.score_bias(0)
+        bias = score_bias_of(pe, 0)
         ref = attention.attend(q.double(), k.double(), v.double(), bias, "eager", q_pos=q_pos, k_pos=k_pos)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()

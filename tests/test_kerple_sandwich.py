@@ -27,7 +27,7 @@ from posbench.options import OptionError
 from posbench.encodings.sandwich import distance_table
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
-from encoding_helpers import assert_close, tiny, tokens
+from encoding_helpers import assert_close, bias_tensor, score_bias_of, tiny, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -61,7 +61,7 @@ def test_kerple_bias_is_the_papers_kernel(variant):
     per head, at causal pairs (future keys are masked; their bias is not looked at)."""
     pe = build("kerple", variant=variant)
     set_kernel(pe, R1, R2)
-    bias = pe.bias(0, torch.tensor([Q_POS]), torch.tensor([K_POS]))
+    bias = bias_tensor(pe, 0, torch.tensor([Q_POS]), torch.tensor([K_POS]))
     assert bias.shape == (1, 4, len(Q_POS), len(K_POS)) and bias.dtype == torch.float64
     checked = 0
     for h in range(4):
@@ -79,11 +79,11 @@ def test_kerple_hand_worked_numbers():
     r1 = 0.5, r2 = 1.5, distance 4: -0.5 * 8 = -4."""
     log = build("kerple")
     set_kernel(log, [2.0] * 4, [0.5] * 4)
-    assert log.bias(0, torch.tensor([[6]]), torch.tensor([[0]]))[0, 0, 0, 0].item() == \
+    assert bias_tensor(log, 0, torch.tensor([[6]]), torch.tensor([[0]]))[0, 0, 0, 0].item() == \
         pytest.approx(-2.772588722239781, rel=1e-12)
     power = build("kerple", variant="power")
     set_kernel(power, [0.5] * 4, [1.5] * 4)
-    assert power.bias(0, torch.tensor([[9]]), torch.tensor([[5]]))[0, 0, 0, 0].item() == pytest.approx(-4.0)
+    assert bias_tensor(power, 0, torch.tensor([[9]]), torch.tensor([[5]]))[0, 0, 0, 0].item() == pytest.approx(-4.0)
 
 
 def test_kerple_gradients_are_the_derivatives_by_hand():
@@ -92,7 +92,7 @@ def test_kerple_gradients_are_the_derivatives_by_hand():
     set_kernel(pe, R1, R2)
     q, k = torch.tensor([Q_POS]), torch.tensor([K_POS])
     visible = (q[0][:, None] >= k[0][None, :]).double()
-    (pe.bias(0, q, k) * visible).sum().backward()
+    (bias_tensor(pe, 0, q, k) * visible).sum().backward()
     for h in range(4):
         pairs = [(i - j) for i in Q_POS for j in K_POS if j <= i]
         g1 = sum(-math.log(1 + R2[h] * d) for d in pairs)
@@ -104,7 +104,7 @@ def test_kerple_gradients_are_the_derivatives_by_hand():
 def test_kerple_power_kernel_has_a_finite_gradient_at_distance_zero():
     pe = build("kerple", variant="power")
     set_kernel(pe, R1, R2)
-    pe.bias(0, torch.tensor([[0, 1, 2]]), torch.tensor([[0, 1, 2]])).sum().backward()
+    bias_tensor(pe, 0, torch.tensor([[0, 1, 2]]), torch.tensor([[0, 1, 2]])).sum().backward()
     for p in pe.parameters():
         assert torch.isfinite(p.grad).all()
 
@@ -123,7 +123,7 @@ def test_kerple_initialisation_and_sharing_follow_the_released_code():
     assert len(per_layer.kernels) == 3
     set_kernel(per_layer, R1, R2, layer=2)
     q, k = torch.tensor([[5]]), torch.tensor([[0]])
-    assert not torch.equal(per_layer.bias(0, q, k), per_layer.bias(2, q, k))
+    assert not torch.equal(bias_tensor(per_layer, 0, q, k), bias_tensor(per_layer, 2, q, k))
 
 
 @pytest.mark.parametrize("variant", ["log", "power"])
@@ -176,7 +176,7 @@ def test_sandwich_bias_is_the_inner_product_of_sinusoids():
     pe = build("sandwich", n_heads=12, head_dim=64)                       # d_bar = 0: the head size, 64
     assert pe.d_bar == 64
     q, k = torch.tensor([[0, 5, 40, 1000]]), torch.tensor([[0, 1, 5, 39, 40]])
-    bias = pe.bias(0, q, k)
+    bias = bias_tensor(pe, 0, q, k)
     assert bias.shape == (1, 12, 4, 5) and bias.dtype == torch.float64   # the table is float32, cast with .to
     for h in range(12):
         for a, i in enumerate(q[0].tolist()):
@@ -203,7 +203,7 @@ def test_sandwich_distance_table_in_float64(d_bar, base):
 def test_sandwich_compression_ratios_are_8h_over_h():
     """ratio_h = 8 h / H: for H = 8, 1..8, so head h's bias is (p.p - d_bar/2) / h."""
     pe = build("sandwich", n_heads=8, head_dim=16)
-    bias = pe.bias(0, torch.tensor([[30]]), torch.tensor([[0]]))[0, :, 0, 0]
+    bias = bias_tensor(pe, 0, torch.tensor([[30]]), torch.tensor([[0]]))[0, :, 0, 0]
     first = bias[0].item()
     for h in range(8):
         assert bias[h].item() == pytest.approx(first / (h + 1), rel=1e-6)
@@ -219,7 +219,7 @@ def test_sandwich_has_no_parameters_and_saves_nothing():
 
 def test_sandwich_past_its_table_is_not_finite():
     pe = build("sandwich", max_distance=100)
-    bias = pe.bias(0, torch.tensor([[100, 101]]), torch.tensor([[0]]))
+    bias = bias_tensor(pe, 0, torch.tensor([[100, 101]]), torch.tensor([[0]]))
     assert torch.isfinite(bias[0, :, 0, 0]).all() and torch.isnan(bias[0, :, 1, 0]).all()
 
 
@@ -251,7 +251,7 @@ def test_bias_depends_on_the_distance_only(name, options):
         q = torch.tensor([[rng.randrange(5000) for _ in range(nq)] for _ in range(rows)])
         k = torch.tensor([[rng.randrange(5000) for _ in range(nk)] for _ in range(rows)])
         shift = rng.randint(-int(min(q.min(), k.min())), 100_000)
-        torch.testing.assert_close(pe.bias(0, q + shift, k + shift), pe.bias(0, q, k), rtol=0, atol=0,
+        torch.testing.assert_close(bias_tensor(pe, 0, q + shift, k + shift), bias_tensor(pe, 0, q, k), rtol=0, atol=0,
                                    msg=f"case {case}")
 
 
@@ -288,13 +288,13 @@ def test_toeplitz_equals_the_element_wise_bias(name, options, q_range, k_range):
     if name == "kerple":
         set_kernel(pe, R1, R2)
     q, k = torch.arange(*q_range)[None], torch.arange(*k_range)[None]
-    score_bias = pe.score_bias(0)
+    score_bias = score_bias_of(pe, 0)
     assert score_bias.relative
     upstream = torch.randn(1, 4, q.shape[1], k.shape[1], generator=torch.Generator().manual_seed(1))
     results = []
     for how in ("toeplitz", "elementwise"):
         pe.zero_grad(set_to_none=True)
-        score_bias = pe.score_bias(0)
+        score_bias = score_bias_of(pe, 0)
         bias = score_bias.materialise(4, q, k) if how == "toeplitz" else elementwise(score_bias, 4, q, k)
         if name == "kerple":
             (bias * upstream).sum().backward()
@@ -311,10 +311,10 @@ def test_toeplitz_is_used_only_where_it_is_exact(monkeypatch):
     real = ScoreBias.toeplitz
     monkeypatch.setattr(ScoreBias, "toeplitz", lambda self, *a: seen.append(1) or real(self, *a))
     pe = build("kerple", dtype=torch.float32)
-    pe.bias(0, torch.arange(5, 9)[None], torch.arange(9)[None])
+    bias_tensor(pe, 0, torch.arange(5, 9)[None], torch.arange(9)[None])
     assert len(seen) == 1
-    pe.bias(0, torch.tensor([[0, 2, 4]]), torch.tensor([[0, 2, 4]]))                 # gaps
-    pe.bias(0, torch.arange(4).repeat(2, 1), torch.arange(4).repeat(2, 1))         # per-row positions
+    bias_tensor(pe, 0, torch.tensor([[0, 2, 4]]), torch.tensor([[0, 2, 4]]))                 # gaps
+    bias_tensor(pe, 0, torch.arange(4).repeat(2, 1), torch.arange(4).repeat(2, 1))         # per-row positions
     ScoreBias(lambda h, q, k: (q - k).float() * h, relative=False).materialise(2, torch.arange(3)[None],
                                                                                 torch.arange(3)[None])
     assert len(seen) == 1

@@ -84,7 +84,7 @@ def test_per_row_positions_in_a_batch(encoding):
 
 
 # ---- exactly one position signal ---------------------------------------------------------------------
-SIGNAL_HOOKS = ("embed", "rotate", "score_bias", "context_bias")
+SIGNAL_HOOKS = ("embed", "rotate", "bias")
 
 
 def overridden_signal_hooks(cls) -> list[str]:
@@ -129,9 +129,9 @@ def test_fresh_tape_carries_a_position_signal_too():
 
 @pytest.mark.parametrize("encoding", BUILTIN)
 def test_exactly_one_signal_hook(encoding, monkeypatch):
-    """Each encoding overrides exactly one of embed / rotate / score_bias / context_bias (NoPE none), and
+    """Each encoding overrides exactly one of embed / rotate / bias (NoPE none), and
     resetting that one hook to the base class's no-op makes a one-layer model order-blind: there is no second
-    signal (DAPE's base bias is inside its context_bias)."""
+    signal (DAPE's base bias is inside its bias)."""
     from posbench.encodings import ENCODINGS
 
     hooks = overridden_signal_hooks(ENCODINGS[encoding])
@@ -165,7 +165,6 @@ RELATIVE = ["rope", "xpos", "alibi", "t5", "tape", "fire", "kerple", "sandwich",
 @pytest.mark.parametrize("encoding", RELATIVE)
 def test_relative_encodings_ignore_a_shift_of_all_positions(encoding, shift):
     model = tiny(encoding).eval()  # FIRE: L = 512, so positions up to 300 + 12 stay below L
-    assert type(model.encoding).relative
     x = tokens(2, 12)
     with torch.no_grad():
         base = model(x, positions=torch.arange(12))
@@ -182,13 +181,6 @@ def test_fire_is_not_shift_invariant_beyond_its_threshold():
         base = model(x, positions=torch.arange(12))
         shifted = model(x, positions=torch.arange(100, 112))
     assert (base - shifted).abs().max() > 1e-3
-
-
-@pytest.mark.parametrize("encoding", ["randpe", "nope"])
-def test_non_relative_flags(encoding):
-    from posbench.encodings import ENCODINGS
-
-    assert ENCODINGS[encoding].relative is False
 
 
 def test_randpe_is_rope_at_eval_and_random_in_training():

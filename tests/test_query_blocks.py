@@ -23,12 +23,12 @@ from posbench.encodings import ENCODINGS
 from posbench.model.query_blocks import CAUSAL_BLOCK, biased_query_blocks
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
-from encoding_helpers import BUILTIN, assert_close, tiny, tokens
+from encoding_helpers import BUILTIN, assert_close, has_bias, score_bias_of, tiny, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 F64 = torch.float64
-BIASED = [name for name in BUILTIN if ENCODINGS[name].has_bias or ENCODINGS[name].has_context_bias]
+BIASED = [name for name in BUILTIN if has_bias(name)]
 
 
 def definition(q, k, v, bias):
@@ -218,7 +218,7 @@ def test_a_bias_declared_relative_depends_on_the_distance_only(encoding):
     with torch.no_grad():
         for p in enc.parameters():
             p.add_(torch.rand(p.shape, generator=torch.Generator().manual_seed(13)) * 0.1)
-    score_bias = enc.score_bias(0)
+    score_bias = score_bias_of(enc, 0)
     assert score_bias.relative
     i = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(14)).view(1, 1, 40, 1)
     j = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(15)).view(1, 1, 1, 40)
@@ -236,7 +236,7 @@ def test_fire_is_laid_out_by_distance_only_below_its_threshold(monkeypatch):
     laid_out = []
     real = ScoreBias.toeplitz
     monkeypatch.setattr(ScoreBias, "toeplitz", lambda self, *a: laid_out.append(a[1].shape[0]) or real(self, *a))
-    score_bias = fire.score_bias(0)
+    score_bias = score_bias_of(fire, 0)
     assert score_bias.relative_below.item() == pytest.approx(100.0)
     head = torch.arange(4).view(1, 4, 1, 1)
     for q_pos, takes in ((torch.arange(60, 100)[None], True), (torch.arange(61, 101)[None], False)):

@@ -128,7 +128,7 @@ def _define_plugin_class():
         name = "plugin-sincos"
         OPTIONS = {"base": Option(10000.0, "the sinusoids' base", positive())}
 
-        def init_state(self, positions):
+        def init_state(self, positions, tokens, memory):
             return positions
 
         def embed(self, x, positions):

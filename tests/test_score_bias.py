@@ -14,11 +14,12 @@ from posbench.encodings import ENCODINGS
 from posbench.encodings.t5 import causal_bucket
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
+from encoding_helpers import bias_tensor, has_bias, score_bias_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 HEADS, HEAD_DIM = 4, 8
-BIASED = [name for name in sorted(ENCODINGS) if ENCODINGS[name].has_bias]
+BIASED = [name for name in sorted(ENCODINGS) if has_bias(name) and not ENCODINGS[name].bias_from_qk]
 
 
 def build(name: str, dtype=torch.float32, **options):
@@ -32,7 +33,7 @@ def build(name: str, dtype=torch.float32, **options):
 
 def test_the_biased_encodings_are_alibi_fire_kerple_sandwich_t5():
     assert BIASED == ["alibi", "fire", "kerple", "sandwich", "t5"]
-    assert not any(ENCODINGS[n].has_bias for n in ("rope", "randpe", "xpos", "nope", "tape"))
+    assert not any(has_bias(n) for n in ("rope", "randpe", "xpos", "nope", "tape", "abacus"))
 
 
 @pytest.mark.parametrize("name", BIASED)
@@ -41,7 +42,7 @@ def test_score_mod_one_score_at_a_time_equals_the_materialised_bias(name, rows):
     """The kernel's view: score_mod called with 0-d index tensors, once per (b, h, i, j)."""
     pe = build(name, init_l=6.0) if name == "fire" else build(name)   # FIRE: queries on both sides of L
     layer = 1
-    score_bias = pe.score_bias(layer)
+    score_bias = score_bias_of(pe, layer)
     if rows == "shared":
         q_pos, k_pos = torch.tensor([[3, 5, 9, 130]]), torch.tensor([[0, 1, 3, 5, 9, 130]])
     else:
@@ -61,11 +62,15 @@ def test_score_mod_one_score_at_a_time_equals_the_materialised_bias(name, rows):
 
 
 @pytest.mark.parametrize("name", BIASED)
-def test_bias_is_the_materialised_score_bias(name):
+def test_an_element_wise_bias_hook_returns_a_score_bias(name):
+    """The hook returns the function, not a tensor, whatever the state, queries and keys: every backend then
+    evaluates it where it suits (the model reads it the same way at every step)."""
+    from posbench.model.bias import ScoreBias
+
     pe = build(name)
-    q_pos, k_pos = torch.tensor([[2, 7]]), torch.tensor([[0, 2, 7]])
-    torch.testing.assert_close(pe.bias(0, q_pos, k_pos), pe.score_bias(0).materialise(HEADS, q_pos, k_pos),
-                               rtol=0, atol=0)
+    q = torch.randn(1, HEADS, 2, HEAD_DIM)
+    assert isinstance(pe.bias(0, None, q, q, torch.tensor([[0, 1]]), torch.tensor([[0, 1]])), ScoreBias)
+    assert isinstance(score_bias_of(pe, 1), ScoreBias)
 
 
 # ---- T5: a per-distance table gathered from the bucket table ------------------------------------------------
@@ -74,7 +79,7 @@ def test_t5_distance_table_is_the_bucket_table_at_every_distance():
     table = t5.tables[1].weight
     q_pos = torch.arange(0, 700, 7)[None]
     k_pos = torch.arange(0, 700)[None]
-    dense = t5.bias(1, q_pos, k_pos)[0]                                  # [H, Nq, Nk]
+    dense = bias_tensor(t5, 1, q_pos, k_pos)[0]                                  # [H, Nq, Nk]
     distance = q_pos[0][:, None] - k_pos[0][None, :]
     expected = table[causal_bucket(distance, 64, 128)].permute(2, 0, 1)  # the bucket table, read directly
     torch.testing.assert_close(dense, expected, rtol=0, atol=0)
@@ -85,7 +90,7 @@ def test_t5_gradient_reaches_the_bucket_table():
     t5 = build("t5", dtype=torch.float64)
     q_pos, k_pos = torch.arange(0, 300, 3)[None], torch.arange(0, 300)[None]
     upstream = torch.randn(1, HEADS, 100, 300, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    (t5.bias(0, q_pos, k_pos) * upstream).sum().backward()
+    (bias_tensor(t5, 0, q_pos, k_pos) * upstream).sum().backward()
     buckets = causal_bucket(q_pos[0][:, None] - k_pos[0][None, :], 64, 128)
     expected = torch.zeros(64, HEADS, dtype=torch.float64)
     expected.index_add_(0, buckets.flatten(), upstream[0].permute(1, 2, 0).reshape(-1, HEADS))
@@ -124,7 +129,7 @@ def test_fire_pieces_equal_the_mlp_values_and_gradients():
     grads = {}
     for how in ("mlp", "pieces"):
         layer.zero_grad(set_to_none=True)
-        bias = layer.mlp_bias(q_pos, k_pos) if how == "mlp" else fire.bias(1, q_pos, k_pos)
+        bias = layer.mlp_bias(q_pos, k_pos) if how == "mlp" else bias_tensor(fire, 1, q_pos, k_pos)
         (bias * upstream).sum().backward()
         grads[how] = (bias.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()})
     torch.testing.assert_close(grads["pieces"][0], grads["mlp"][0], rtol=1e-12, atol=1e-12)
@@ -137,10 +142,10 @@ def test_fire_pieces_equal_the_mlp_values_and_gradients():
 def test_fire_threshold_gets_a_gradient_below_it():
     """L_mult reaches the bias only for queries below L (there the normaliser is psi(L))."""
     fire, layer = fire_with_awkward_units()
-    (fire.bias(1, torch.tensor([[2, 3]]), torch.tensor([[0, 1]])).sum()).backward()
+    (bias_tensor(fire, 1, torch.tensor([[2, 3]]), torch.tensor([[0, 1]])).sum()).backward()
     assert layer.l_mult.grad.abs() > 0
     layer.zero_grad(set_to_none=True)
-    (fire.bias(1, torch.tensor([[20, 30]]), torch.tensor([[0, 1]])).sum()).backward()
+    (bias_tensor(fire, 1, torch.tensor([[20, 30]]), torch.tensor([[0, 1]])).sum()).backward()
     assert layer.l_mult.grad is None or layer.l_mult.grad.abs() == 0
 
 

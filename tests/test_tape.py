@@ -162,10 +162,10 @@ def test_orthogonal_equivariance(g, gate, monkeypatch):
         logits, states = run_layers(model, x)
         original_init = model.encoding.init_state
         monkeypatch.setattr(model.encoding, "init_state",
-                            lambda positions: apply_g(g, untie(original_init(positions))))
+                            lambda *inputs: apply_g(g, untie(original_init(*inputs))))
         logits_g, states_g = run_layers(model, x)
         # the per-layer check is meaningful only if the layers actually change the state
-        assert (states[0] - original_init(torch.arange(10).expand(2, 10))).abs().max() > 1e-2
+        assert (states[0] - original_init(torch.arange(10).expand(2, 10), x, None)).abs().max() > 1e-2
         # logits see the state only through E_i^T E_j, which G leaves alone (float32, relative 1e-5)
         assert_close(logits_g, logits)
         assert_close(model(x), logits)  # the patched init_state is used by forward too
@@ -192,7 +192,7 @@ def test_equivariance_detects_a_non_equivariant_update(monkeypatch):
         _, states = run_layers(model, x)
         original_init = model.encoding.init_state
         monkeypatch.setattr(model.encoding, "init_state",
-                            lambda positions: apply_g(g, untie(original_init(positions))))
+                            lambda *inputs: apply_g(g, untie(original_init(*inputs))))
         _, states_g = run_layers(model, x)
     assert (states_g[0] - apply_g(g, untie(states[0]))).abs().max() > 1e-3
 
@@ -316,18 +316,18 @@ def test_random_offset_in_training_only():
         return k
 
     tape.eval()
-    assert offset_of(tape.init_state(positions)) == 0
+    assert offset_of(tape.init_state(positions, None, None)) == 0
     tape.train()
     torch.manual_seed(0)                 # the offset is drawn with torch's generator (no graph break)
-    draws = [offset_of(tape.init_state(positions)) for _ in range(40)]
+    draws = [offset_of(tape.init_state(positions, None, None)) for _ in range(40)]
     assert len(set(draws)) > 10 and max(draws) <= 32 and min(draws) >= 0
     no_offset = tiny("tape", encoding_options={"random_offset": False}).encoding.train()
-    assert offset_of(no_offset.init_state(positions)) == 0
+    assert offset_of(no_offset.init_state(positions, None, None)) == 0
 
 
 def test_state_shape_and_initial_rope_table():
     model = tiny("tape").eval()
-    state = model.encoding.init_state(torch.arange(6).expand(3, 6))
+    state = model.encoding.init_state(torch.arange(6).expand(3, 6), None, None)
     assert state.shape == (3, 4, 6, 8)  # [B, H, N, D]: the tied state, half of C and half of S
     t = torch.arange(6, dtype=torch.float64)[:, None]
     freq = torch.tensor([10000.0 ** (-2 * f / 8) for f in range(4)], dtype=torch.float64)
@@ -349,7 +349,7 @@ def test_tied_state_equals_the_full_state_outputs_and_gradients(gate, monkeypatc
         model = tiny("tape", layers=3, encoding_options={"gate": gate}).double().train()
         if layout == "full":
             tied_init = model.encoding.init_state
-            monkeypatch.setattr(model.encoding, "init_state", lambda positions: untie(tied_init(positions)))
+            monkeypatch.setattr(model.encoding, "init_state", lambda *inputs: untie(tied_init(*inputs)))
         x = tokens(2, 11)
         logits = seeded(model, x, seed=9)
         logits.logsumexp(-1).mean().backward()
@@ -367,11 +367,11 @@ def test_the_halves_of_the_full_state_stay_equal():
     model = tiny("tape", layers=3).double().eval()
     with torch.no_grad():
         original_init = model.encoding.init_state
-        model.encoding.init_state = lambda positions: untie(original_init(positions))
+        model.encoding.init_state = lambda *inputs: untie(original_init(*inputs))
         _, states = run_layers(model, tokens(2, 9))
     for state in states[:-1]:
         c, s = state.chunk(2, dim=-1)
         for full in (c, s):
             first, second = full.chunk(2, dim=-1)
             torch.testing.assert_close(first, second, rtol=0, atol=0)
-        assert (state - untie(original_init(torch.arange(9).expand(2, 9)))).abs().max() > 1e-2   # it moved
+        assert (state - untie(original_init(torch.arange(9).expand(2, 9), None, None))).abs().max() > 1e-2   # it moved

@@ -15,7 +15,7 @@ written here from the paper's description and the authors' code (``abacus.py`` a
 ``cramming/architectures/embeddings.py`` of mcleish7/arithmetic, read at 55af9d5); the code below is ours.
 
 Digits are the token ids in ``digit_ids`` (the ids of 0-9 in the task's vocabulary). Only a task can know
-them: the option is named in ``task_context`` and the run configuration fills it from the task's
+them: the option is declared ``from_task=True`` and the run configuration fills it from the task's
 ``Task.encoding_context()`` (the arithmetic task gives its character tokenizer's ids 4-13); a task without
 digits refuses this encoding before anything runs, and building the encoding without ``digit_ids`` is an
 error.
@@ -54,7 +54,6 @@ RUN, OFFSET = "abacus.run", "abacus.offset"     # keys of this encoding's entrie
 class Abacus(PositionalEncoding):
     name = "abacus"
     description = "learned embedding of each digit's place in its number, random offset in training (arithmetic)"
-    relative = False
     OPTIONS = {
         "digit_ids": Option([], "the token ids of the digits 0-9", Each(at_least(0), min_items=0), from_task=True),
         "max_k": Option(99, "the largest random offset k ~ U{0..max_k} added while training (the paper's 100)",
@@ -101,7 +100,7 @@ class Abacus(PositionalEncoding):
         return k.expand(batch, 1)
 
     # ---- hooks --------------------------------------------------------------------------------------------
-    def read_tokens(self, tokens: Tensor, state, memory: dict[str, Tensor] | None) -> Tensor:
+    def init_state(self, positions: Tensor, tokens: Tensor, memory: dict[str, Tensor] | None) -> Tensor:
         """The state: each token's row of the table ``[B, N]`` (offset included while training)."""
         carry = memory.get(RUN) if memory is not None else None
         runs = self.digit_runs(tokens, carry)

@@ -34,11 +34,10 @@ def alibi_bias(head: Tensor, q_pos: Tensor, k_pos: Tensor, slopes: Tensor) -> Te
 class ALiBi(PositionalEncoding):
     name = "alibi"
     description = "linear distance penalty per head (Press et al. slopes)"
-    relative = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(self.n_heads)), persistent=False)
 
-    def score_bias(self, layer: int) -> ScoreBias:
+    def bias(self, layer: int, state, q, k, q_pos, k_pos) -> ScoreBias:
         return ScoreBias(alibi_bias, (self.slopes,), relative=True)

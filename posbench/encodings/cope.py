@@ -29,7 +29,7 @@ neighbour is read by gathering the same floor index from the table shifted by on
 
 CoPE is the only position signal (the paper's language-model runs use it without RoPE), and the logits do not
 depend on the token positions at all, only on q and k: shifting every position changes nothing. The bias is
-computed from q and k, so it is a ``context_bias``: materialised ``[B, H, Nq, Nk]``, on ``sdpa``/``eager``.
+computed from q and k (``bias_from_qk``): materialised ``[B, H, Nq, Nk]``, on ``sdpa``/``eager``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def interpolated_logits(pos_logits: Tensor, positions: Tensor) -> Tensor:
 class CoPE(PositionalEncoding):
     name = "cope"
     description = "contextual positions: gates sigmoid(q.k) counted from key to query, learned embeddings"
-    relative = True            # positions never enter: the logits depend on q and k only
+    bias_from_qk = True
     OPTIONS = {"npos_max": Option(0, "positions with an embedding (0: max_seq_len + 1); larger ones are clamped",
                                   at_least(0))}
 
@@ -82,7 +82,7 @@ class CoPE(PositionalEncoding):
         self.npos_max = self.options["npos_max"] or self.max_seq_len + 1
         self.pos_emb = nn.Parameter(torch.zeros(self.n_layers, self.head_dim, self.npos_max))
 
-    def context_bias(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def bias(self, layer: int, state, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         # Queries and keys in reverse order (a flip of [*, N, D], cheap): the sum from the key to the query is a
         # forward cumsum, and one flip of the finished bias puts it back (one N x N flip instead of two).
         # float32 at least, autocast or not: a position near 2048 in bf16 would keep no fraction at all

@@ -28,7 +28,7 @@ is posbench's KERPLE, log kernel by default):
   ``init_L // 2 = 64`` (option ``fire_init_l``, default 64; posbench's FIRE on its own starts at 512, the TAPE
   reference's value).
 
-The base bias is an option (``base``), computed by that encoding's own ``score_bias`` (one instance of it, with
+The base bias is an option (``base``), computed by that encoding's own ``bias`` hook (one instance of it, with
 its default options but for the two above, lives inside this module), so ALiBi's slopes and FIRE's learned MLP are
 those encodings' code. A base is any encoding with an element-wise bias named in ``BASES``; adding one is adding
 its name. The released code's FIRE_C uses LeakyReLU inside FIRE's own MLP; here FIRE is posbench's FIRE (ReLU),
@@ -51,7 +51,7 @@ from torch import Tensor, nn
 from posbench.encodings.base import ENCODINGS, PositionalEncoding
 from posbench.options import OneOf, Option, at_least, positive
 
-#: encodings whose element-wise bias (``score_bias``) can be DAPE's base
+#: encodings whose element-wise bias (a ``ScoreBias``) can be DAPE's base
 BASES = ("alibi", "fire", "kerple")
 #: LeakyReLU's negative slope (``nn.LeakyReLU()``'s default, as in the released code)
 NEGATIVE_SLOPE = 0.01
@@ -88,7 +88,7 @@ class DAPELayer(nn.Module):
 class DAPE(PositionalEncoding):
     name = "dape"
     description = "data-adaptive: an MLP over every head's logit and base bias (alibi or fire) adjusts the logits"
-    relative = True            # while its base is (FIRE: positions below L)
+    bias_from_qk = True
     OPTIONS = {
         "base": Option("alibi", "the base bias: an encoding with an element-wise bias", OneOf(BASES)),
         "hidden": Option(32, "hidden size of the MLP over every head's logit and base bias (the paper's D_DAPE)",
@@ -114,19 +114,16 @@ class DAPE(PositionalEncoding):
     def init_weights(self) -> None:
         self.base.init_weights()
 
-    def init_state(self, positions: Tensor):
+    def init_state(self, positions: Tensor, tokens: Tensor, memory):
         """The base's own state (KERPLE projects its parameters back into range here, once per forward pass)."""
-        return self.base.init_state(positions)
+        return self.base.init_state(positions, tokens, memory)
 
-    def unused_parameters(self) -> list[nn.Parameter]:
-        return self.base.unused_parameters()
+    def base_bias(self, layer: int, state, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """The base encoding's bias ``[B or 1, H, Nq, Nk]`` (its own ``ScoreBias``, materialised)."""
+        return self.base.bias(layer, state, None, None, q_pos, k_pos).materialise(self.n_heads, q_pos, k_pos)
 
-    def base_bias(self, layer: int, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """The base encoding's bias ``[B or 1, H, Nq, Nk]`` (its own ``score_bias``, materialised)."""
-        return self.base.bias(layer, q_pos, k_pos)
-
-    def context_bias(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def bias(self, layer: int, state, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         dtype = torch.promote_types(q.dtype, torch.float32)         # float32 at least, autocast or not
         with torch.autocast(q.device.type, enabled=False):
             logits = (q.to(dtype) * (1.0 / math.sqrt(self.head_dim))) @ k.to(dtype).transpose(-2, -1)
-            return self.layers[layer](logits, self.base_bias(layer, q_pos, k_pos))
+            return self.layers[layer](logits, self.base_bias(layer, state, q_pos, k_pos))

@@ -98,7 +98,6 @@ class FIRELayer(nn.Module):
 class FIRE(PositionalEncoding):
     name = "fire"
     description = "functional interpolation: learned MLP bias of log-scaled, progressively normalised distance"
-    relative = True  # only while positions stay below L
     OPTIONS = {
         "hidden": Option(32, "hidden width of the MLP 1 -> hidden -> heads", at_least(1)),
         # c = 0 would never move (psi's gradient in c is zero there)
@@ -114,5 +113,5 @@ class FIRE(PositionalEncoding):
         self.layers = nn.ModuleList(
             FIRELayer(self.n_heads, o["hidden"], o["c"], o["init_l"], o["eps"]) for _ in range(self.n_layers))
 
-    def score_bias(self, layer: int) -> ScoreBias:
+    def bias(self, layer: int, state, q, k, q_pos, k_pos) -> ScoreBias:
         return self.layers[layer].score_bias()

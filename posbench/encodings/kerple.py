@@ -78,7 +78,6 @@ class KernelParameters(nn.Module):
 class KERPLE(PositionalEncoding):
     name = "kerple"
     description = "kernelised relative bias: -r1 log(1 + r2 |i-j|) or -r1 |i-j|^r2, r1, r2 > 0 learned per head"
-    relative = True
     OPTIONS = {
         "variant": Option("log", "the kernel: log, -r1 log(1 + r2 d), or power, -r1 d^r2", OneOf(VARIANTS)),
         "per_layer": Option(False, "one (r1, r2) per layer (default: one pair for every layer, as the released "
@@ -113,7 +112,7 @@ class KERPLE(PositionalEncoding):
             kernel.r1.clamp_(min=lo1, max=hi1)
             kernel.r2.clamp_(min=lo2, max=hi2)
 
-    def init_state(self, positions: Tensor):
+    def init_state(self, positions: Tensor, tokens: Tensor, memory):
         self.project()
         return None
 
@@ -123,7 +122,7 @@ class KERPLE(PositionalEncoding):
         (lo1, hi1), (lo2, hi2) = self.bounds()
         return in_range(kernel.r1, lo1, hi1), in_range(kernel.r2, lo2, hi2)
 
-    def score_bias(self, layer: int) -> ScoreBias:
+    def bias(self, layer: int, state, q, k, q_pos, k_pos) -> ScoreBias:
         return ScoreBias(partial(kerple_bias, variant=self.options["variant"]), self.parameters_of(layer),
                          relative=True)
 

@@ -26,7 +26,6 @@ from posbench.encodings.rope import RoPE, apply_rotary
 class RandPE(RoPE):
     name = "randpe"
     description = "RoPE at sorted random positions drawn from 2x the training length"
-    relative = False  # random positions while training; relative (plain RoPE) at eval
     OPTIONS = {
         "theta": Option(10000.0, "the rotary base", positive()),
         "range_factor": Option(2, "positions are drawn from range_factor x max_seq_len", at_least(1)),
@@ -45,7 +44,7 @@ class RandPE(RoPE):
     def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         return rope_cos_sin(self.sample_positions(positions), self.head_dim, self.options["theta"])
 
-    def init_state(self, positions: Tensor):
+    def init_state(self, positions: Tensor, tokens: Tensor, memory):
         return positions, self.angles(positions)
 
     def rotate(self, layer: int, q: Tensor, k: Tensor, state) -> tuple[Tensor, Tensor]:

@@ -33,7 +33,6 @@ def training_offset(module: torch.nn.Module, positions: Tensor, enabled: bool, m
 class RoPE(PositionalEncoding):
     name = "rope"
     description = "rotary embedding, half-split layout, theta 10000"
-    relative = True
     OPTIONS = {
         "theta": Option(10000.0, "the rotary base", positive()),
         "scale": Option(1.0, "positions are divided by this (linear position interpolation)", positive()),
@@ -45,7 +44,7 @@ class RoPE(PositionalEncoding):
         positions = training_offset(self, positions, self.options["random_offset"], self.max_seq_len)
         return positions.to(torch.float64) / self.options["scale"]
 
-    def init_state(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def init_state(self, positions: Tensor, tokens: Tensor, memory) -> tuple[Tensor, Tensor]:
         return rope_cos_sin(self.positions_for(positions), self.head_dim, self.options["theta"])
 
     def rotate(self, layer: int, q: Tensor, k: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:

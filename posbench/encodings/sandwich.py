@@ -85,7 +85,6 @@ def inverse_ratios(n_heads: int) -> Tensor:
 class Sandwich(PositionalEncoding):
     name = "sandwich"
     description = "parameter-free bias: inner product of sinusoidal embeddings, compressed per head (8h/H)"
-    relative = True
     OPTIONS = {
         "d_bar": Option(0, "width of the sinusoidal embeddings, even (0: the head size)", at_least(0)),
         "base": Option(10000.0, "the sinusoids' base", Bound(low=1, low_strict=True)),
@@ -110,5 +109,5 @@ class Sandwich(PositionalEncoding):
         self.register_buffer("table", table.to(torch.float32), persistent=False)
         self.register_buffer("inverse_ratio", inverse_ratios(self.n_heads).to(torch.float32), persistent=False)
 
-    def score_bias(self, layer: int) -> ScoreBias:
+    def bias(self, layer: int, state, q, k, q_pos, k_pos) -> ScoreBias:
         return ScoreBias(sandwich_bias, (self.table, self.inverse_ratio), relative=True)

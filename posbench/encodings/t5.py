@@ -41,7 +41,6 @@ def t5_bias(head: Tensor, q_pos: Tensor, k_pos: Tensor, by_distance: Tensor) -> 
 class T5Bias(PositionalEncoding):
     name = "t5"
     description = "T5 learned relative bias, causal, 64 log buckets up to distance 128"
-    relative = True
     OPTIONS = {
         "num_buckets": Option(64, "distance buckets: the first half exact, the rest log-spaced", at_least(2)),
         "max_distance": Option(128, "where the log-spaced buckets end (> num_buckets / 2)", at_least(2)),
@@ -61,5 +60,5 @@ class T5Bias(PositionalEncoding):
         self.register_buffer("distance_buckets", causal_bucket(torch.arange(max_distance + 1), buckets,
                                                                max_distance), persistent=False)
 
-    def score_bias(self, layer: int) -> ScoreBias:
+    def bias(self, layer: int, state, q, k, q_pos, k_pos) -> ScoreBias:
         return ScoreBias(t5_bias, (self.tables[layer](self.distance_buckets),), relative=True)

@@ -26,8 +26,7 @@ Deliberate choices, each an option:
 
 The state after the last layer is discarded (as in the reference), so the last layer neither appends the
 state to its values nor updates it. Its TAPE parameters exist, so the parameter count is the paper's
-L * (d_model*I + 2*H*I + H*H), but they never reach the loss: ``unused_parameters()`` lists them and the
-model freezes them.
+L * (d_model*I + 2*H*I + H*H), but they never reach the loss: ``init_weights`` freezes them.
 
 The tied state. The state starts as RoPE's table, whose two halves are equal (C_f = C_{f+F}, S_f = S_{f+F}),
 and both updates apply the same coefficients to every channel, so the halves stay equal for ever. The state
@@ -93,7 +92,6 @@ def untie(state: Tensor) -> Tensor:
 class TAPE(PositionalEncoding):
     name = "tape"
     description = "contextualised equivariant positional encoding (RoPE-initialised state updated per layer)"
-    relative = True  # at eval: shifting positions rotates the state equivariantly
     OPTIONS = {
         "position_size": Option(0, "I, the width of the MLP-side update (0: 4 x heads)", at_least(0)),
         "gate": Option("rowsum", "rowsum: the reference's H x H gate summed per row; scalar: one per head",
@@ -116,8 +114,10 @@ class TAPE(PositionalEncoding):
         for layer in self.layers:  # both updates start at zero: a fresh TAPE model is RoPE
             nn.init.zeros_(layer.gate)
             nn.init.zeros_(layer.up_proj.weight)
+        for param in self.layers[self.n_layers - 1].parameters():   # the last layer's state is discarded
+            param.requires_grad_(False)
 
-    def init_state(self, positions: Tensor) -> Tensor:
+    def init_state(self, positions: Tensor, tokens: Tensor, memory) -> Tensor:
         """The tied state ``[B, H, N, D]`` = [cos | sin] of RoPE's angles (D/2 each), every head alike."""
         positions = training_offset(self, positions, self.options["random_offset"], self.max_seq_len)
         angles = rope_angles(positions.to(torch.float64) / self.options["scale"], self.head_dim,
@@ -144,10 +144,6 @@ class TAPE(PositionalEncoding):
         if self.is_last(layer):
             return state
         return state + self.layers[layer].mlp_update(mlp_out, state.to(mlp_out.dtype))
-
-    def unused_parameters(self) -> list[nn.Parameter]:
-        """The last layer's updates produce a state that is discarded."""
-        return list(self.layers[self.n_layers - 1].parameters())
 
     def added_parameters(self) -> int:
         """Per the reference formula: L * (d_model*I + 2*H*I + H*H) for the row-sum gate."""

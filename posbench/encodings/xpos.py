@@ -20,7 +20,6 @@ from posbench.encodings.rope import apply_rotary
 class XPos(PositionalEncoding):
     name = "xpos"
     description = "RoPE with an exponential decay per frequency (gamma 0.4, scale base 2048)"
-    relative = True
     OPTIONS = {
         "theta": Option(10000.0, "the rotary base", positive()),
         "gamma": Option(0.4, "zeta_f = (2f + gamma D) / ((1 + gamma) D); 0 would make zeta_0 = 0", positive()),
@@ -32,7 +31,7 @@ class XPos(PositionalEncoding):
         zeta = (torch.arange(0, d, 2, device=device, dtype=torch.float64) + gamma * d) / ((1 + gamma) * d)
         return torch.cat((zeta, zeta))
 
-    def init_state(self, positions: Tensor):
+    def init_state(self, positions: Tensor, tokens: Tensor, memory):
         cos, sin = rope_cos_sin(positions, self.head_dim, self.options["theta"])
         power = (positions.to(torch.float64) - self.max_seq_len // 2) / self.options["scale_base"]
         scale = (self.zeta(positions.device) ** power[..., None]).to(torch.float32)  # [B, N, D]

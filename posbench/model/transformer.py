@@ -58,49 +58,52 @@ class Attention(nn.Module):
         if extra is not None:                       # aggregated by the same attention weights as v
             v = torch.cat((v, extra.to(v.dtype)), dim=-1)
         if isinstance(cache, StaticLayerCache) and n == 1 and cache.ready:
-            y = self.one_step(q, k, v, positions, pe, cache, aligned)
+            y = self.one_step(q, k, v, state, positions, pe, cache, aligned)
         else:
-            y = self.attend(q, k, v, positions, pe, cache, aligned)
+            y = self.attend(q, k, v, state, positions, pe, cache, aligned)
         y, aggregated = y[..., :self.head_dim], y[..., self.head_dim:]
         if extra is not None:
             state = pe.after_attention(self.layer, state, aggregated)
         return self.out(y.transpose(1, 2).reshape(b, n, -1)), state
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, pe, cache, aligned: bool) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, state: Any, positions: Tensor, pe, cache,
+               aligned: bool) -> Tensor:
         q_pos = k_pos = positions
         if cache is not None:
             k, v, k_pos = cache.append(k, v, positions)
         if shared_rows(q_pos) and shared_rows(k_pos):         # rows share their positions: one bias for all
             q_pos, k_pos = q_pos[:1], k_pos[:1]
-        if pe.has_context_bias:                     # computed from q and every key: a tensor
-            bias = pe.context_bias(self.layer, q, k, q_pos, k_pos)
-        else:
-            bias = full_precision_bias(pe, self.layer, q.device)
-            if isinstance(cache, StaticLayerCache) and aligned and bias is not None and bias.relative:
-                with torch.no_grad():               # what the one-token steps read: built once, here
-                    cache.set_table(bias.distance_table(self.n_heads, cache.cache.capacity, q.device))
-        return attend(q, k, v, bias, self.backend, q_pos=q_pos, k_pos=k_pos, contextual=pe.has_context_bias,
+        bias = layer_bias(pe, self.layer, state, q, k, q_pos, k_pos)
+        if isinstance(cache, StaticLayerCache) and aligned and isinstance(bias, ScoreBias) and bias.relative:
+            with torch.no_grad():                   # what the one-token steps read: built once, here
+                cache.set_table(bias.distance_table(self.n_heads, cache.cache.capacity, q.device))
+        return attend(q, k, v, bias, self.backend, q_pos=q_pos, k_pos=k_pos, contextual=isinstance(bias, Tensor),
                       aligned=aligned)
 
-    def one_step(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, pe, cache: StaticLayerCache,
-                 aligned: bool) -> Tensor:
+    def one_step(self, q: Tensor, k: Tensor, v: Tensor, state: Any, positions: Tensor, pe,
+                 cache: StaticLayerCache, aligned: bool) -> Tensor:
         """One token against every slot of a static cache: the same shapes at every step, no host read."""
         k, v, k_pos, slot = cache.write_one(k, v, positions)
         q_pos = positions[:1] if shared_rows(positions) else positions
-        if pe.has_context_bias:
-            bias = pe.context_bias(self.layer, q, k, q_pos, k_pos)
-        elif aligned and cache.table is not None:
+        if aligned and cache.table is not None:     # a relative ScoreBias: one row of its table
             bias = table_rows(cache.table, slot, k.shape[2])
         else:
-            score_bias = full_precision_bias(pe, self.layer, q.device)
-            bias = None if score_bias is None else score_bias.materialise(self.n_heads, q_pos, k_pos)
+            bias = layer_bias(pe, self.layer, state, q, k, q_pos, k_pos)
+            if isinstance(bias, ScoreBias):
+                bias = bias.materialise(self.n_heads, q_pos, k_pos)
         return slot_attention(q, k, v, bias, slot)
 
 
-def full_precision_bias(pe, layer: int, device: torch.device) -> ScoreBias | None:
-    """The layer's ``ScoreBias``, its tables built with autocast off (float32: no position or bias in bf16)."""
-    with torch.autocast(device.type, enabled=False):
-        return pe.score_bias(layer)
+def layer_bias(pe, layer: int, state: Any, q: Tensor, k: Tensor, q_pos: Tensor,
+               k_pos: Tensor) -> ScoreBias | Tensor | None:
+    """The encoding's logit bias for this layer, asked for with autocast off (float32: no position or bias in
+    bf16)."""
+    with torch.autocast(q.device.type, enabled=False):
+        bias = pe.bias(layer, state, q, k, q_pos, k_pos)
+    if isinstance(bias, Tensor) and not pe.bias_from_qk:
+        raise TypeError(f"encoding '{pe.name}' returns its bias as a tensor: its class must say bias_from_qk = True "
+                        f"(attention then runs on eager or SDPA)")
+    return bias
 
 
 class SwiGLU(nn.Module):
@@ -145,9 +148,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)
-        self.encoding.init_weights()
-        for param in self.encoding.unused_parameters():   # never reach the loss: no gradient, no DDP hook
-            param.requires_grad_(False)
+        self.encoding.init_weights()        # its special inits; it freezes what can never reach the loss
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -165,8 +166,7 @@ class Transformer(nn.Module):
         elif hasattr(cache, "consecutive"):
             cache.consecutive = False
         positions = positions.to(tokens.device).expand(b, n) if positions.dim() == 1 else positions
-        state = self.encoding.init_state(positions)
-        state = self.encoding.read_tokens(tokens, state, cache.memory if cache is not None else None)
+        state = self.encoding.init_state(positions, tokens, cache.memory if cache is not None else None)
         x = self.encoding.embed(self.embed(tokens), state)
         for i, block in enumerate(self.blocks):
             x, state = block(x, state, positions, self.encoding, cache.layers[i] if cache is not None else None,

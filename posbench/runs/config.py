@@ -250,7 +250,7 @@ def check_sections(task_cls: Any, encoding_cls: Any, sections: dict[str, dict[st
     if encoding_cls is not None:
         from posbench.model.attention import check_encoding_backend
 
-        check_encoding_backend(model["attention"], encoding_cls.name, getattr(encoding_cls, "has_context_bias", False))
+        check_encoding_backend(model["attention"], encoding_cls.name, getattr(encoding_cls, "bias_from_qk", False))
     task = task_cls.resolve(sections["task"])
     return {"model": model, "train": train, "encoding": encoding, "task": task}
 

@@ -18,7 +18,7 @@ What the ranks share (see ``posbench.train.trainer``):
   read whole by every rank and each keeps its rows of every micro-batch.
 - **Model.** ``wrap`` returns DistributedDataParallel, or FSDP2 (``torch.distributed.fsdp.fully_shard``,
   one unit per block plus the root) when ``train.parallel=fsdp``. Parameters that never reach the loss
-  (TAPE's last layer, ``PositionalEncoding.unused_parameters()``) are frozen when the model is built, so
+  (TAPE's last layer) are frozen by the encoding's ``init_weights()`` when the model is built, so
   DDP registers no hook for them and needs no ``find_unused_parameters`` graph walk.
 - **Evaluation.** ``shard_map`` runs a list of independent work items (batches of prompts or windows) split
   across ranks and gathers the results in the original order, so metrics equal one process's.

@@ -108,7 +108,7 @@ class Bench(Task):
             if missing:
                 raise ConfigError(f"bench cannot time encoding '{name}': it needs {', '.join(missing)}, which "
                                   f"bench does not give")
-            check_encoding_backend(sections["model"]["attention"], name, encoding.has_context_bias)
+            check_encoding_backend(sections["model"]["attention"], name, encoding.bias_from_qk)
         if len(task["batch"]) != len(task["lengths"]):
             task["batch"] = task["batch"][:1] * len(task["lengths"])
 
