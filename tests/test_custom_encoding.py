@@ -155,6 +155,12 @@ def test_readme_bias_example_runs_on_every_backend_with_gradients():
         sys.modules.pop(module.__name__, None)
 
 
+def test_every_python_block_of_the_page_is_run_by_this_file():
+    run_here = ("learned.py", 'ModelConfig(encoding="learned"', "gaussian.py", "random_alibi.py", "copy_task.py",
+                "test_learned.py")
+    assert sorted(readme_example(name) for name in run_here) == sorted(doc_blocks())
+
+
 def test_the_hook_table_lists_the_eight_hooks_in_the_order_the_model_calls_them():
     """docs/extending.md's table is the contract: one row per hook of ``posbench.encodings.base.HOOKS`` (at most
     eight), each a method of the base class with the documented parameters and at least one user named."""

@@ -188,3 +188,14 @@ def test_the_layer_check_finds_an_import_that_goes_up():
     graph = {"posbench.errors": {"posbench.cli.app"}}
     upward = [f"{m} -> {t}" for m, targets in graph.items() for t in targets if row[unit_of(t)] > row[unit_of(m)]]
     assert upward == ["posbench.errors -> posbench.cli.app"]
+
+
+def test_the_model_and_the_encodings_import_in_either_order():
+    """The encodings import ``posbench.model.bias`` and ``posbench.model.generate``, and the model the encodings'
+    registry: whichever is imported first, in a fresh interpreter, both load and build a model."""
+    for first in ("posbench.encodings", "posbench.model.bias", "posbench.model"):
+        code = (f"import {first}\nfrom posbench.model import ModelConfig, Transformer\n"
+                f"Transformer(ModelConfig(encoding='dape'))")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              cwd=PACKAGE.parent)
+        assert done.returncode == 0, f"import {first} first: {done.stderr[-1500:]}"
