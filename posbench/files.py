@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import stat
@@ -66,8 +67,30 @@ def atomic_write_text(path: Path, text: str) -> Path:
     return atomic_save(path, write)
 
 
+#: how an infinity is written: a number too large for any float, so strict JSON that every reader parses as
+#: infinity (Python's json, JavaScript, pandas), where ``Infinity`` is not JSON at all
+JSON_INFINITY = "1e999"
+_INF_MARK = "~posbench:infinity:a5f0c3~"     # a string no record holds
+
+
+def json_text(obj: Any, indent: int | None = 2) -> str:
+    """``obj`` as strict JSON; infinities as ``1e999`` / ``-1e999``, NaN refused (record it as null)."""
+    text = json.dumps(_mark_infinities(obj), indent=indent, default=json_default, allow_nan=False)
+    return text.replace(f'"-{_INF_MARK}"', f"-{JSON_INFINITY}").replace(f'"{_INF_MARK}"', JSON_INFINITY)
+
+
+def _mark_infinities(obj: Any) -> Any:
+    if isinstance(obj, float) and math.isinf(obj):
+        return f"-{_INF_MARK}" if obj < 0 else _INF_MARK
+    if isinstance(obj, dict):
+        return {k: _mark_infinities(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_mark_infinities(v) for v in obj]
+    return obj
+
+
 def atomic_write_json(path: Path, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, default=json_default, allow_nan=False) + "\n")
+    return atomic_write_text(path, json_text(obj) + "\n")
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import resource
 import signal
 from pathlib import Path
@@ -244,7 +245,8 @@ def test_a_usage_error_with_brackets_prints_them(capsys):
 
 def test_a_perplexity_beyond_floats_finishes_the_run(tmp_path):
     """A model whose held-out loss is about 10^4 nats (exp overflows float64): the run finishes, the record
-    holds val_loss and a null val_ppl (main raised OverflowError, and --resume raised it again)."""
+    holds val_loss and val_ppl = inf (strict JSON 1e999), and compare shows inf (main raised OverflowError, and
+    --resume raised it again)."""
     import torch
 
     from posbench.runs import runner
@@ -256,9 +258,23 @@ def test_a_perplexity_beyond_floats_finishes_the_run(tmp_path):
                 model.lm_head.weight.mul_(1e5)
 
     config = resolve_run_config("pretrain", "rope", "tiny", sets=["steps=4", "task.eval_tokens=1024"])
-    record = runner.execute(config, tmp_path, callbacks=(blow_up,)).record.to_dict()
+    outcome = runner.execute(config, tmp_path, callbacks=(blow_up,))
+    record = outcome.record.to_dict()
     assert record["metrics"]["val_loss"]["value"] > 709.8
-    assert record["metrics"]["val_ppl"]["value"] is None and record["evaluation"]["perplexity"] is None
+    assert record["metrics"]["val_ppl"]["value"] == math.inf and record["evaluation"]["perplexity"] == math.inf
+    run_dir = next(tmp_path.rglob("result.json")).parent
+    text = (run_dir / "result.json").read_text()
+    assert '"value": 1e999' in text and "Infinity" not in text          # strict JSON, read back as inf
+    assert json.loads(text)["metrics"]["val_ppl"]["value"] == math.inf
+    from posbench.cli import main
+    import contextlib
+    import io
+
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        assert main(["compare", str(tmp_path), "--format", "csv"]) == 0
+    header, row = shown.getvalue().strip().splitlines()[:2]
+    assert dict(zip(header.split(","), row.split(",")))["val_ppl"] == "inf"
 
 
 # ---- compare reads what it can ------------------------------------------------------------------------------
@@ -266,8 +282,8 @@ def test_a_perplexity_beyond_floats_finishes_the_run(tmp_path):
 def test_compare_skips_a_fifo_a_deep_nest_and_a_huge_number_and_shows_the_rest(finished, tmp_path, capsys):
     """A FIFO named result.json blocked main's compare forever (here a timer opens it after 20 s, so main's
     failure is a slow compare); a record nested 100,000 deep (RecursionError) and one whose n_predictions is
-    1e400 (OverflowError) each stopped the whole compare; a metric of 1e400 (read as inf) is shown as no
-    number, not a crash."""
+    1e400 (OverflowError) each stopped the whole compare; a metric of 1e400 (read as inf) is shown as inf,
+    not a crash."""
     import os
     import shutil
     import threading
@@ -305,8 +321,12 @@ def test_compare_skips_a_fifo_a_deep_nest_and_a_huge_number_and_shows_the_rest(f
     skipped = {line.split(":")[0].strip().rsplit("/", 1)[-1] for line in err.splitlines()[1:]}
     assert skipped == {"fifo", "deep", "huge"}, err
     assert "not a regular file" in err and "nested too deep" in err and "OverflowError" in err
-    rows = out.strip().splitlines()[1:]
-    assert len(rows) == 2 and all(row.startswith("arithmetic,rope,") for row in rows)
+    import csv
+
+    rows = list(csv.DictReader(out.strip().splitlines()))
+    assert len(rows) == 2 and all((row["task"], row["encoding"]) == ("arithmetic", "rope") for row in rows)
+    shown = sorted(row["accuracy"] for row in rows)
+    assert shown[1] == "inf" and shown[0] != "inf"                  # 1e400 is shown as inf, not as no number
 
 
 # ---- messages that say what is true ----------------------------------------------------------------------

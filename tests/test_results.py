@@ -38,11 +38,16 @@ def test_failed_write_keeps_the_old_file(tmp_path):
     assert os.listdir(tmp_path) == ["result.json"]
 
 
-def test_non_finite_values_are_refused_or_nulled(tmp_path):
-    assert Metric(float("nan"), float("inf"), 3).to_dict() == {"value": None, "stderr": None, "n": 3,
+def test_non_finite_values_are_refused_or_nulled_and_infinities_kept(tmp_path):
+    """NaN is no number (null); an infinity is a value (a perplexity beyond float range), written as strict JSON
+    (1e999, which every JSON reader parses as infinity; ``Infinity`` is not JSON)."""
+    assert Metric(float("nan"), float("inf"), 3).to_dict() == {"value": None, "stderr": float("inf"), "n": 3,
                                                                "higher_is_better": True}
     with pytest.raises(ValueError):
         atomic_write_json(tmp_path / "x.json", {"v": float("nan")})
+    atomic_write_json(tmp_path / "y.json", {"v": [float("inf"), -float("inf"), 1.5], "s": "inf"})
+    text = (tmp_path / "y.json").read_text()
+    assert "Infinity" not in text and json.loads(text) == {"v": [float("inf"), -float("inf"), 1.5], "s": "inf"}
 
 
 def test_run_ids_never_collide_and_never_overwrite(tmp_path, monkeypatch):

@@ -77,7 +77,9 @@ def mean_stderr(values: list[float]) -> float | None:
 
 
 def finite(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
+    """``x``, except NaN (no number: None). An infinity stays: a perplexity beyond float64's range is ``inf``,
+    written to JSON as the number ``1e999`` (``posbench.files``) and read back as ``inf``."""
+    if isinstance(x, float) and math.isnan(x):
         return None
     return x
 

@@ -13,7 +13,8 @@ start every ``stride`` tokens while they fit, each is scored entirely, and overl
 
 Perplexity is ``exp(sum of token negative log-likelihoods / number of scored tokens)``, accumulated in
 float64; the number of scored tokens is returned with it. A mean beyond float64's range of ``exp`` (about
-709 nats: a diverged model) gives ``inf``, recorded as ``null`` next to its finite ``mean_nll``.
+709 nats: a diverged model) gives ``inf``, recorded as the JSON number ``1e999`` (read back as ``inf``) next to
+its finite ``mean_nll``.
 """
 
 from __future__ import annotations

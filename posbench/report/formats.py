@@ -127,7 +127,8 @@ def to_csv(report: Report) -> str:
                 cell = row.cells.get(name, Cell(None))
                 low = None if cell.half_width is None else cell.value - cell.half_width
                 high = None if cell.half_width is None else cell.value + cell.half_width
-                line += [_raw(cell.value), _raw(cell.stderr), _raw(cell.n), int(cell.best), _raw(low), _raw(high)]
+                line += [_raw(cell.value) if cell.value is not None else _infinity(cell), _raw(cell.stderr),
+                         _raw(cell.n), int(cell.best), _raw(low), _raw(high)]
                 if against:
                     d = diffs.get((row.label, name))
                     line += ["", "", "", ""] if d is None else [_raw(d.estimate), _raw(d.low), _raw(d.high),
@@ -138,6 +139,13 @@ def to_csv(report: Report) -> str:
 
 def _raw(x: Any) -> str:
     return "" if x is None else str(x)
+
+
+def _infinity(cell: Cell) -> str:
+    """``inf`` / ``-inf`` for a value beyond float range (its note says so; a mean over seeds one of which is
+    infinite is infinite too), else empty."""
+    word = (cell.note or "").split(" ", 1)[0]
+    return word if word in ("inf", "-inf") else ""
 
 
 # ---- latex -------------------------------------------------------------------------------------------------

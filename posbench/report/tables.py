@@ -3,6 +3,7 @@ seeds), or one row per run (``by_run``)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from posbench.report import grouping
@@ -71,6 +72,11 @@ def _by_run_label(run: RunRecord, runs: list[RunRecord]) -> str:
 def metric_cell(runs: list[RunRecord], name: str) -> Cell:
     """One cell from the runs of a row: one run as it is, several as the mean with a 95% interval."""
     metrics = [m for m in (run.metrics.get(name) for run in runs) if m is not None]
+    infinite = [m for m in metrics if isinstance(m.value, float) and math.isinf(m.value)]
+    if infinite:      # beyond float range (a diverged model's perplexity): shown, never pooled or ranked
+        sign = "-" if all(m.value < 0 for m in infinite) else ""
+        note = f"{sign}inf" + (f" ({len(infinite)} of {len(metrics)} seeds)" if len(infinite) < len(metrics) else "")
+        return Cell(None, n=infinite[0].n, note=note)
     finite = [(v, m) for v, m in ((num(m.value), m) for m in metrics) if v is not None]
     if len(finite) <= 1:
         value, m = finite[0] if finite else (None, metrics[0] if metrics else None)
