@@ -23,10 +23,12 @@ for inference: its tables hold no gradient.
 
 Padded batches (``posbench.model.padding``). A cache keeps its ``padding`` (which keys are real, each row's pad
 count; None while no token was padded), so that later calls continue each row's positions and never see its
-pads. Decoding takes a left-padded prompt (``attention_mask``): the new tokens are real, so only the prompt's call
-carries a mask. A static cache takes it in its first call only (its key mask is one buffer of its capacity, so
-the compiled step keeps its shapes); a padded batch compiles one more step graph than an unpadded one (the key
-mask and the per-row positions are part of it), each then reused for every call of its kind.
+pads (a growing cache's key mask grows by one concatenation per call: a bool per row and token). Decoding takes
+a left-padded prompt (``attention_mask``): the new tokens are real, so only the prompt's call carries a mask. A
+static cache takes it in its first call only (its key mask is one buffer of its capacity, so the compiled step
+keeps its shapes); a padded batch has its own cache in a ``Decoder`` and compiles one more step graph than an
+unpadded one (the key mask and the per-row positions are part of it), each then reused for every call of its
+kind.
 """
 
 from __future__ import annotations
