@@ -18,7 +18,8 @@ from encoding_helpers import BUILTIN
 CHECKS = ["options declared with a default, a range and help", "options refused out of range, in one line",
           "builds, and every trainable parameter reaches the loss", "a later token never changes an earlier logit",
           "the attention backends agree", "a KV cache equals recomputation",
-          "a saved state dict rebuilds the same model", "one compiled graph for all layers"]
+          "a padded batch gives each row what it gets alone", "a saved state dict rebuilds the same model",
+          "one compiled graph for all layers"]
 
 
 def test_check_passes_on_every_builtin_encoding(capsys):
@@ -65,11 +66,43 @@ def test_check_fails_on_a_broken_encoding_one_line_per_failed_check(capsys):
     failed = err.splitlines()
     assert [line.split(": ")[1] for line in failed] == [
         "options declared with a default, a range and help", "a later token never changes an earlier logit",
-        "a KV cache equals recomputation", "a saved state dict rebuilds the same model",
-        "one compiled graph for all layers"]
+        "a KV cache equals recomputation", "a padded batch gives each row what it gets alone",
+        "a saved state dict rebuilds the same model", "one compiled graph for all layers"]
     assert all(line.startswith("FAIL  encoding 'test-broken': ") for line in failed)
     assert "option width=4 declares no range" in failed[0]
     assert "ok    encoding 'test-broken': the attention backends agree" in out
+
+
+def test_check_fails_on_an_encoding_that_counts_pads_as_positions(capsys):
+    """An encoding that counts its tokens itself (a learned embedding of each token's index, the KV cache's count
+    carried in its memory) instead of reading the positions the model gives: right in every check but padding,
+    where it counts a row's pads as tokens (the model's positions count real tokens only)."""
+
+    class Counting(PositionalEncoding):
+        name = "test-counting"
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.table = torch.nn.Embedding(64, self.d_model)
+
+        def init_state(self, positions, tokens, memory):
+            count = torch.ones_like(tokens).cumsum(dim=1) - 1
+            if memory is not None:
+                count = count + memory.get("count", torch.zeros_like(tokens[:, 0]))[:, None]
+                memory["count"] = count[:, -1] + 1
+            return count.clamp(max=63)
+
+        def embed(self, x, state):
+            return x + self.table(state)
+
+    try:
+        assert main(["check", "test-counting", "--no-compiled"]) == 1
+    finally:
+        ENCODINGS.remove("test-counting")
+    out, err = capsys.readouterr()
+    assert [line.split(": ")[1] for line in err.splitlines()] == ["a padded batch gives each row what it gets alone"]
+    assert "left-padded by 4 tokens" in err
+    assert out.count("ok    encoding 'test-counting'") == len(CHECKS) - 2     # and no compiled check
 
 
 def test_check_fails_on_a_tensor_bias_the_class_does_not_declare(capsys):

@@ -182,6 +182,27 @@ def test_compiled_static_decoding_on_cuda_equals_recomputation(encoding):
     assert torch.equal(compiled, full) and torch.equal(again, full)
 
 
+@pytest.mark.parametrize("encoding", BUILTIN)
+def test_a_padded_batch_on_cuda_gives_each_row_its_own_logits_and_tokens(encoding):
+    """``auto`` on CUDA (FlexAttention's mask_mod for a bias, SDPA's mask otherwise), float32: a left-padded
+    batch's real logits equal each row's alone (1e-4 of the largest logit: other shapes, other kernels' sums), and
+    its greedy tokens, cached and through the compiled static decoder (CUDA graphs), equal each row's alone."""
+    model = gpu_model(encoding, "auto")
+    x = torch.randint(0, 64, (3, 40), generator=torch.Generator().manual_seed(3)).to(CUDA)
+    mask = torch.ones_like(x)
+    mask[1, :9], mask[2, :23] = 0, 0
+    rows = [x[row][mask[row].bool()][None] for row in range(3)]
+    with torch.no_grad():
+        out = model(x, attention_mask=mask)
+        for row, alone in enumerate(rows):
+            own = model(alone)[0]
+            assert (out[row][mask[row].bool()] - own).abs().max() <= 1e-4 * own.abs().max(), row
+    for compile in (False, {"mode": "reduce-overhead"}):
+        batched = model.generate(x, max_new_tokens=12, attention_mask=mask, compile=compile)
+        for row, alone in enumerate(rows):
+            assert torch.equal(batched[row], model.generate(alone, max_new_tokens=12)[0]), (compile, row)
+
+
 @pytest.mark.parametrize("encoding", ["alibi", "t5", "kerple", "sandwich", "fire"])
 def test_flex_in_bf16_adds_the_bias_in_float32_at_8192_tokens(encoding):
     """The last 128 queries of 8,192 over every key, bf16 autocast: FlexAttention (a per-distance table, FIRE

@@ -227,10 +227,11 @@ def test_a_bias_shared_by_every_row_is_computed_once(monkeypatch):
     seen = []
     plain_attend = model_module.attend
 
-    def spy(q, k, v, bias, backend, q_pos, k_pos, contextual, aligned=False):
+    def spy(q, k, v, bias, backend, q_pos, k_pos, contextual, aligned=False, key_mask=None):
         seen.append((tuple(q_pos.shape), tuple(k_pos.shape), tuple(bias.materialise(q.shape[1], q_pos,
                                                                                       k_pos).shape)))
-        return plain_attend(q, k, v, bias, backend, q_pos=q_pos, k_pos=k_pos, contextual=contextual, aligned=aligned)
+        return plain_attend(q, k, v, bias, backend, q_pos=q_pos, k_pos=k_pos, contextual=contextual, aligned=aligned,
+                            key_mask=key_mask)
 
     monkeypatch.setattr(model_module, "attend", spy)
     with torch.no_grad():

@@ -139,7 +139,7 @@ def test_blocks_under_bf16_autocast_stay_within_bf16_of_the_float64_definition()
 def test_sdpa_on_a_cpu_takes_the_blocks_from_two_blocks_of_queries(nq, takes_blocks, kind, monkeypatch):
     seen = []
     real = attention.biased_query_blocks
-    monkeypatch.setattr(attention, "biased_query_blocks", lambda *a: seen.append(a[-1]) or real(*a))
+    monkeypatch.setattr(attention, "biased_query_blocks", lambda *a: seen.append(a[6]) or real(*a))
     q, k, v = (torch.randn(1, 2, nq, 8) for _ in range(3))
     pos = torch.arange(nq)[None]
     score_bias = ScoreBias(log_distance, (torch.rand(2),), relative=True)

@@ -21,6 +21,7 @@ from posbench.checks.outcome import CheckFailed, Report
 SHAPE = dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=16, init_std=0.2)
 VOCAB = 50
 BATCH, LENGTH, PREFIX = 2, 12, 5
+PADS = 4            # the padding check's pads
 
 
 def check_encoding(name: str, *, compiled: bool = True) -> Report:
@@ -47,6 +48,7 @@ def check_encoding(name: str, *, compiled: bool = True) -> Report:
         report.run("a later token never changes an earlier logit", lambda: causal(model, x, vocab))
         report.run("the attention backends agree", lambda: backends_agree(name, model, context, vocab, x))
         report.run("a KV cache equals recomputation", lambda: cache_equals_recomputation(model, x))
+        report.run("a padded batch gives each row what it gets alone", lambda: padded_rows_alone(model, x))
         report.run("a saved state dict rebuilds the same model", lambda: state_dict_round_trip(name, model, context,
                                                                                                 vocab, x))
         if compiled:
@@ -201,6 +203,45 @@ def cache_equals_recomputation(model, x: torch.Tensor) -> str:
                 raise CheckFailed(f"{kind}: a {PREFIX}-token prefix, then {LENGTH - PREFIX} tokens one by one: "
                                   f"{exc}") from None
     return f"growing and static: max |difference| {worst:.1e}"
+
+
+def padded_rows_alone(model, x: torch.Tensor) -> str:
+    """Row 1 shortened by ``PADS`` tokens and padded, on the left and on the right, with two fillers (the tokens
+    that stood there; its first real token repeated, so that an encoding that reads token ids would join the pads
+    to it): the real tokens' logits equal the row's alone (and row 0's, unpadded, too). Then the left-padded
+    batch as a prompt in a growing and in a static cache, followed by one-token steps: each row's logits equal
+    its own, recomputed alone."""
+    model.eval()
+    n = x.shape[1]
+    real = n - PADS
+    short = x[1:, PADS:]
+    worst = 0.0
+    with torch.no_grad():
+        alone = [model(x[:1]), model(short)]
+        for side in ("left", "right"):
+            for filler in (x[1, :PADS], short[0, :1].expand(PADS)):
+                padded = x.clone()
+                padded[1] = torch.cat((filler, short[0])) if side == "left" else torch.cat((short[0], filler))
+                mask = torch.ones_like(padded)
+                mask[1, slice(None, PADS) if side == "left" else slice(real, None)] = 0
+                logits = model(padded, attention_mask=mask)
+                rows = logits[1, PADS:] if side == "left" else logits[1, :real]
+                try:
+                    worst = max(worst, close(logits[0], alone[0][0]), close(rows, alone[1][0]))
+                except CheckFailed as exc:
+                    raise CheckFailed(f"{side}-padded by {PADS} tokens: {exc}") from None
+        prompt, steps = x[:, :PREFIX + PADS], x[:, PREFIX + PADS:]
+        mask = torch.ones_like(prompt)
+        mask[1, :PADS] = 0
+        for kind, cache in (("cache", model.new_cache()), ("static cache", model.new_static_cache(n + 4, "cpu"))):
+            parts = [model(prompt, cache=cache, attention_mask=mask)]
+            parts += [model(steps[:, t:t + 1], cache=cache) for t in range(steps.shape[1])]
+            logits = torch.cat(parts, dim=1)
+            try:
+                worst = max(worst, close(logits[0], alone[0][0]), close(logits[1, PADS:], alone[1][0]))
+            except CheckFailed as exc:
+                raise CheckFailed(f"{kind}: a left-padded prompt, then one token at a time: {exc}") from None
+    return f"left and right padding, growing and static cache: max |difference| {worst:.1e}"
 
 
 def state_dict_round_trip(name: str, model, context: dict[str, Any], vocab: int, x: torch.Tensor) -> str:

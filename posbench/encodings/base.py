@@ -41,6 +41,13 @@ A logit bias is returned by ``bias`` in one of two forms:
   configured (``posbench.model.attention.check_encoding_backend``) and again at the first forward pass of a model
   built by hand.
 
+Padded batches (``model(tokens, attention_mask=...)``, ``posbench.model.padding``): the positions count each row's
+real tokens, so a row's real tokens sit where they sit alone; ``init_state`` sees the token id ``PAD_TOKEN`` (-1) at
+a pad, which is no token (Abacus: not a digit); attention never lets a real query see a pad. Pads lie before or
+after a row's real tokens, never between two, so a bias computed from q and k needs nothing more: a padded key's
+entry is ignored, and no key between a real key and its query is a pad. Read positions from ``positions``; an
+encoding that counts tokens itself counts the pads.
+
 The model calls ``bias`` with autocast off, so that no position or bias is computed in bfloat16. Positions are
 ``[B or 1, Nq]`` and ``[B or 1, Nk]`` (one row when every row of the batch shares them).
 

@@ -1,9 +1,11 @@
 """A Hugging Face causal LM behind posbench's model interface, so the engine and the tasks use it as they use
 ``posbench.model.Transformer``:
 
-* ``model(tokens [B, N], positions=None, cache=None) -> logits [B, N, V]``;
-* ``model.generate(prompt, max_new_tokens, eos_id=None, use_cache=True)``: posbench's greedy decoding with
-  transformers' ``DynamicCache`` (``new_cache()``), so a TAPE model decodes with its widened cache;
+* ``model(tokens [B, N], positions=None, cache=None, attention_mask=None) -> logits [B, N, V]``; a padded batch's
+  mask is kept on the cache (transformers' models take the mask of every key at each call), and the positions
+  count each row's real tokens, as transformers' ``generate`` counts them;
+* ``model.generate(prompt, max_new_tokens, eos_id=None, use_cache=True, attention_mask=None)``: posbench's greedy
+  decoding with transformers' ``DynamicCache`` (``new_cache()``), so a TAPE model decodes with its widened cache;
 * ``model.config.to_dict()`` and ``model.num_parameters()`` for the result;
 * ``state_dict()`` / ``load_state_dict()`` hold only what training changes (the trainable parameters and the
   method's own tensors), so the engine's checkpoints of a 7B model are megabytes of LoRA or TAPE plus the
@@ -56,13 +58,37 @@ class HFCausalLM(nn.Module):
     def llama(self):
         return llama_of(self.hf)
 
-    def forward(self, tokens: Tensor, positions: Tensor | None = None, cache=None) -> Tensor:
+    #: where a padded batch's attention mask is kept on a transformers cache, for the next call
+    MASK = "_posbench_attention_mask"
+
+    def forward(self, tokens: Tensor, positions: Tensor | None = None, cache=None,
+                attention_mask: Tensor | None = None) -> Tensor:
         kwargs: dict[str, Any] = {}
+        mask = self.every_key_mask(tokens, cache, attention_mask)
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+            if positions is None:                  # each row's real tokens counted (a pad's position: 0)
+                positions = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1]:]
         if positions is not None:
             positions = positions.to(tokens.device)
             kwargs["position_ids"] = positions.expand(tokens.shape[0], -1) if positions.dim() == 1 else positions
         out = self.hf(input_ids=tokens, use_cache=cache is not None, **cache_kwargs(cache), **kwargs)
         return out.logits
+
+    def every_key_mask(self, tokens: Tensor, cache, attention_mask: Tensor | None) -> Tensor | None:
+        """The mask of every key this call sees ``[B, cached + N]`` (the cache's earlier mask, then this call's or
+        ones), kept on the cache; None while no call was padded."""
+        length = int(cache.get_seq_length()) if cache is not None else 0
+        earlier = getattr(cache, self.MASK, None) if length else None
+        if attention_mask is None and earlier is None:
+            return None
+        new = attention_mask.to(tokens.device) if attention_mask is not None else torch.ones_like(tokens)
+        if earlier is None and length:
+            earlier = torch.ones(tokens.shape[0], length, dtype=new.dtype, device=tokens.device)
+        mask = new if earlier is None else torch.cat((earlier, new.to(earlier.dtype)), dim=1)
+        if cache is not None:
+            setattr(cache, self.MASK, mask)
+        return mask
 
     def new_cache(self, capacity: int = 0):
         """transformers' ``DynamicCache`` (it grows by concatenation; ``capacity``, posbench's preallocation
@@ -73,8 +99,8 @@ class HFCausalLM(nn.Module):
 
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, eos_id: int | None = None,
-                 use_cache: bool = True) -> Tensor:
-        return greedy_generate(self, prompt, max_new_tokens, eos_id, use_cache)
+                 use_cache: bool = True, attention_mask: Tensor | None = None) -> Tensor:
+        return greedy_generate(self, prompt, max_new_tokens, eos_id, use_cache, attention_mask)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.hf.parameters())

@@ -12,8 +12,10 @@ carries two small files for ``trust_remote_code=True`` (``posbench.hf.export``),
 Generation: ``GenerationMixin.generate`` with transformers' own ``DynamicCache``. The cache holds what posbench's
 KV cache holds (rotated keys, values with TAPE's state appended); a thin view gives the ``Transformer`` the
 interface of ``posbench.model.generate.KVCache`` over it, so a cached step runs exactly posbench's cached step.
-``use_cache=False`` recomputes the whole sequence at every step. Padding is not supported (posbench models
-take no attention mask): every row of a batch must be a full, unpadded prompt.
+``use_cache=False`` recomputes the whole sequence at every step. Padded batches (lm-eval's ``generate_until`` pads
+on the left) go through posbench's own padding (``posbench.model.padding``): the ``attention_mask`` columns of
+this call's tokens (the cache keeps those of the earlier ones) and transformers' ``position_ids``, so each row
+decodes as it would alone, for every encoding.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from posbench.hf.cache_api import causal_lm_output, take_cache
 from posbench.model.generate import shared_rows
 from posbench.model import ModelConfig, Transformer
+from posbench.model.padding import CachePadding, extended
 from posbench.model.transformer import RMSNorm
 
 MODEL_TYPE = "posbench"
@@ -118,16 +121,17 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
         cache = take_cache(kwargs)          # ``cache`` from transformers 5.24, ``past_key_values`` before
         if input_ids is None or inputs_embeds is not None:
             raise ValueError("a posbench model takes input_ids (not inputs_embeds)")
-        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
-            raise ValueError("a posbench model takes no padding: give every row a full prompt (all-ones "
-                             "attention mask)")
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError("a posbench model takes a 2-D attention_mask [batch, tokens] (1: a token, 0: a pad)")
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and cache is None:
             from transformers import DynamicCache
 
             cache = DynamicCache(config=self.config)
         view = CacheView(cache, self.config.n_layers) if cache is not None else None
-        logits = self.model(input_ids, positions=position_ids, cache=view)
+        if attention_mask is not None:              # its last columns are this call's tokens; a cache has the rest
+            attention_mask = attention_mask[:, -input_ids.shape[1]:]
+        logits = self.model(input_ids, positions=position_ids, cache=view, attention_mask=attention_mask)
         if view is not None:
             view.store_positions()
         loss = None
@@ -176,12 +180,14 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
 
 
 class CacheView:
-    """posbench's KV-cache interface (``length``, ``layers[i].append(k, v, positions)``, ``memory``) over a
-    transformers ``Cache``: keys and values go to ``cache.update``; the key positions (for position-dependent
-    biases) and the encoding's memory (Abacus: each row's digit run) are kept on the cache object next to them."""
+    """posbench's KV-cache interface (``length``, ``layers[i].append(k, v, positions)``, ``memory``, ``padding``)
+    over a transformers ``Cache``: keys and values go to ``cache.update``; the key positions (for
+    position-dependent biases), the encoding's memory (Abacus: each row's digit run) and a padded batch's key mask
+    are kept on the cache object next to them."""
 
     ATTRIBUTE = "_posbench_key_positions"
     MEMORY = "_posbench_encoding_memory"      # the encoding's dict between calls (posbench's KVCache.memory)
+    PADDING = "_posbench_padding"             # which cached keys are real (posbench's KVCache.padding)
 
     def __init__(self, cache, n_layers: int):
         self.cache = cache
@@ -190,7 +196,18 @@ class CacheView:
         self._keys: Tensor | None = None
         if self.length == 0 or getattr(cache, self.MEMORY, None) is None:
             setattr(cache, self.MEMORY, {})
+            setattr(cache, self.PADDING, None)
         self.memory: dict[str, Tensor] = getattr(cache, self.MEMORY)
+
+    @property
+    def padding(self) -> CachePadding | None:
+        return getattr(self.cache, self.PADDING, None)
+
+    def pad(self, mask: Tensor | None, n: int, trailing: bool) -> Tensor | None:
+        """As ``posbench.model.generate.KVCache.pad``: the key mask of this call (None while nothing is padded)."""
+        padding = extended(self.padding, self.length, mask, n, trailing)
+        setattr(self.cache, self.PADDING, padding)
+        return padding.key_mask if padding is not None else None
 
     def key_positions(self, positions: Tensor, total: int) -> Tensor:
         """Positions of every cached key ``[B or 1, total]``: the earlier ones, then ``positions``."""

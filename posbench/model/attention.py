@@ -48,6 +48,7 @@ from torch import Tensor
 
 from posbench.model.bias import ScoreBias, table_score_mod, tensor_score_mod
 from posbench.errors import UserError
+from posbench.model.padding import visible_mask
 from posbench.model.query_blocks import CAUSAL_BLOCK, biased_query_blocks, causal_mask, causal_query_blocks
 
 Bias = ScoreBias | Tensor | None
@@ -98,8 +99,10 @@ def check_positions(bias: Bias, q_pos: Tensor | None, k_pos: Tensor | None) -> N
 
 
 @backend("eager")
-def eager_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None) -> Tensor:
-    return masked_attention(q, k, v, as_tensor(bias, q, q_pos, k_pos), causal_mask(q.shape[-2], k.shape[-2], q.device))
+def eager_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None, key_mask=None) -> Tensor:
+    nq, nk = q.shape[-2], k.shape[-2]
+    visible = causal_mask(nq, nk, q.device) if key_mask is None else visible_mask(nq, nk, q.device, key_mask)
+    return masked_attention(q, k, v, as_tensor(bias, q, q_pos, k_pos), visible)
 
 
 def masked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, visible: Tensor) -> Tensor:
@@ -113,11 +116,16 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, visib
     return torch.softmax(scores, dim=-1).to(v.dtype) @ v
 
 
-def slot_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, q_slots: Tensor) -> Tensor:
+def slot_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, q_slots: Tensor,
+                   key_mask: Tensor | None = None) -> Tensor:
     """Queries at key indices ``q_slots [Nq]`` (a device tensor) over every slot of a static cache ``k [B, H, C,
-    D]``: key j is visible to query i when j <= q_slots[i]. The shapes never change with the slots, so one
-    compiled graph serves every decoding step; explicit scores (gpt-fast decodes with the math path too)."""
-    visible = torch.arange(k.shape[-2], device=k.device) <= q_slots[:, None]
+    D]``: key j is visible to query i when j <= q_slots[i] (and, in a padded batch, ``key_mask [B, C]`` says it
+    is a real token, or it is the query's own). The shapes never change with the slots, so one compiled graph
+    serves every decoding step; explicit scores (gpt-fast decodes with the math path too)."""
+    slots = torch.arange(k.shape[-2], device=k.device)
+    visible = slots <= q_slots[:, None]
+    if key_mask is not None:
+        visible = visible & (key_mask[:, None, None, :] | (slots == q_slots[:, None]))
     return masked_attention(q, k, v, bias, visible)
 
 
@@ -126,16 +134,21 @@ def low_precision(t: Tensor) -> bool:
 
 
 @backend("sdpa")
-def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None) -> Tensor:
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None, key_mask=None) -> Tensor:
     nq, nk = q.shape[-2], k.shape[-2]
     if bias is not None and (q.device.type == "cpu" or low_precision(q)) and nq >= 2 * CAUSAL_BLOCK:
         check_positions(bias, q_pos, k_pos)
-        return biased_query_blocks(q, k, v, bias, q_pos, k_pos, nq // CAUSAL_BLOCK)
+        return biased_query_blocks(q, k, v, bias, q_pos, k_pos, nq // CAUSAL_BLOCK, key_mask)
     if bias is not None and low_precision(q):   # SDPA takes a float mask in q's dtype only: the bias would be
-        return eager_attention(q, k, v, bias, q_pos, k_pos)     # rounded to bf16 (0.125 apart at 16..32)
+        return eager_attention(q, k, v, bias, q_pos, k_pos, key_mask)   # rounded to bf16 (0.125 apart at 16..32)
     bias = as_tensor(bias, q, q_pos, k_pos)
     if bias is None and nq == nk and q.device.type == "cpu" and v.shape[-1] != q.shape[-1] and nq >= 2 * CAUSAL_BLOCK:
-        return causal_query_blocks(q, k, v, min(8, nq // CAUSAL_BLOCK))
+        return causal_query_blocks(q, k, v, min(8, nq // CAUSAL_BLOCK), key_mask)
+    if key_mask is not None:                    # a padded batch: the real keys only (posbench.model.padding)
+        visible = visible_mask(nq, nk, q.device, key_mask)
+        if bias is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype).masked_fill(~visible, float("-inf")))
     if bias is None and nq == nk:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if bias is None and nq == 1:
@@ -148,12 +161,13 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_po
 
 
 @backend("sdpa_split")
-def sdpa_split_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None) -> Tensor:
+def sdpa_split_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None,
+                         key_mask=None) -> Tensor:
     d = q.shape[-1]
     if v.shape[-1] == d or v.shape[-1] % d:
-        return sdpa_attention(q, k, v, bias, q_pos, k_pos)
+        return sdpa_attention(q, k, v, bias, q_pos, k_pos, key_mask)
     bias = as_tensor(bias, q, q_pos, k_pos)
-    return torch.cat([sdpa_attention(q, k, part, bias) for part in v.split(d, dim=-1)], dim=-1)
+    return torch.cat([sdpa_attention(q, k, part, bias, key_mask=key_mask) for part in v.split(d, dim=-1)], dim=-1)
 
 
 def padded(n: int) -> int:
@@ -166,21 +180,29 @@ def _cached_block_mask(nq: int, nk: int, device: str):
     return causal_block_mask(nq, nk, device)
 
 
-def causal_mask_mod(nq: int, nk: int):
+def causal_mask_mod(nq: int, nk: int, key_mask: Tensor | None = None):
     """The causal ``mask_mod`` of ``nq`` queries over ``nk`` keys (bottom-right aligned), on the padded grid:
-    padded keys are never seen; padded query rows see the real keys (their outputs are sliced off)."""
+    padded keys are never seen; padded query rows see the real keys (their outputs are sliced off). With
+    ``key_mask [B, Nk]`` (a padded batch, ``posbench.model.padding``) a query sees only real keys and its own."""
     offset = nk - nq
 
     def causal(b, h, q_idx, kv_idx):
         return (q_idx + offset >= kv_idx) & (kv_idx < nk)
-    return causal
+    if key_mask is None:
+        return causal
+    real = pad_rows(key_mask, padded(nk), -1)          # False past the last key
+
+    def causal_real(b, h, q_idx, kv_idx):
+        return causal(b, h, q_idx, kv_idx) & (real[b, kv_idx] | (q_idx + offset == kv_idx))
+    return causal_real
 
 
-def causal_block_mask(nq: int, nk: int, device):
+def causal_block_mask(nq: int, nk: int, device, key_mask: Tensor | None = None):
     """The ``BlockMask`` of ``causal_mask_mod``, built from block indices: which key blocks each query block sees
     whole (below the diagonal) and which in part (the diagonal's), from the blocks' first and last rows and keys,
     so nothing of size Nq x Nk is made (``create_block_mask`` evaluates the mask on every pair: N x N
-    temporaries, +717 MiB at 8,192 tokens). The same block lists as ``create_block_mask``."""
+    temporaries, +717 MiB at 8,192 tokens). The same block lists as ``create_block_mask``. With ``key_mask`` every
+    block it sees is partial (a block may hold pads: its ``mask_mod`` decides)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     offset = nk - nq
@@ -188,9 +210,11 @@ def causal_block_mask(nq: int, nk: int, device):
     keys = torch.arange(0, padded(nk), FLEX_BLOCK, device=device)[None, :]      # each key block's first key
     some = (keys <= rows + FLEX_BLOCK - 1 + offset) & (keys < nk)    # its first key seen by the block's last row
     whole = (keys + FLEX_BLOCK - 1 <= rows + offset) & (keys + FLEX_BLOCK - 1 < nk)   # its last key by the first
+    if key_mask is not None:
+        whole = torch.zeros_like(whole)
     partial = some & ~whole
     return BlockMask.from_kv_blocks(*block_lists(partial), *block_lists(whole), BLOCK_SIZE=FLEX_BLOCK,
-                                    mask_mod=causal_mask_mod(nq, nk), seq_lengths=(padded(nq), padded(nk)))
+                                    mask_mod=causal_mask_mod(nq, nk, key_mask), seq_lengths=(padded(nq), padded(nk)))
 
 
 def block_lists(dense: Tensor) -> tuple[Tensor, Tensor]:
@@ -248,11 +272,14 @@ def flex_function(cuda: bool):
 
 @backend("flex")
 def flex_attention_backend(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None,
-                           aligned: bool = False) -> Tensor:
+                           aligned: bool = False, key_mask=None) -> Tensor:
     nq, nk = q.shape[-2], k.shape[-2]
     pq, pk = padded(nq), padded(nk)
     compiling = torch.compiler.is_compiling()
-    block_mask = causal_block_mask(nq, nk, q.device) if compiling else _cached_block_mask(nq, nk, str(q.device))
+    if compiling or key_mask is not None:
+        block_mask = causal_block_mask(nq, nk, q.device, key_mask)
+    else:
+        block_mask = _cached_block_mask(nq, nk, str(q.device))
     if isinstance(bias, ScoreBias) and bias.relative and aligned:    # one table read per score
         score_mod = table_score_mod(bias.distance_table(q.shape[1], nk, q.device), nk - nq)
     elif isinstance(bias, ScoreBias):
@@ -273,11 +300,13 @@ def flash_attn_available() -> bool:
 
 
 @backend("flash_attn")
-def flash_attn_backend(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None) -> Tensor:
-    from flash_attn import flash_attn_func  # optional extra: pip install posbench[flash]
-
+def flash_attn_backend(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_pos=None, key_mask=None) -> Tensor:
     if bias is not None:
         raise BackendError("flash_attn supports no logit bias")
+    if key_mask is not None:
+        raise BackendError("flash_attn takes no padded batch (attention_mask): use sdpa or flex")
+    from flash_attn import flash_attn_func  # optional extra: pip install posbench[flash]
+
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)
     d = q.shape[-1]
     chunks = [flash_attn_func(qt, kt, part.transpose(1, 2).contiguous(), causal=True)
@@ -286,9 +315,11 @@ def flash_attn_backend(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, 
 
 
 def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool, head_dim: int = 64,
-                   value_dim: int | None = None, n_queries: int | None = None, contextual: bool = False) -> list[str]:
+                   value_dim: int | None = None, n_queries: int | None = None, contextual: bool = False,
+                   padded_batch: bool = False) -> list[str]:
     """Backends that can run this attention, fastest first; ``auto`` picks the first. ``contextual``: the bias
-    is a tensor computed from q and k (only backends that take a materialised bias)."""
+    is a tensor computed from q and k (only backends that take a materialised bias); ``padded_batch``: a key mask
+    (not flash_attn)."""
     if contextual:
         return list(CONTEXTUAL_BACKENDS)
     value_dim = head_dim if value_dim is None else value_dim
@@ -296,7 +327,7 @@ def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool, head_
     flex_ok = FLEX_AVAILABLE and (cuda or not needs_grad) and \
         (not cuda or min(head_dim, value_dim) >= FLEX_MIN_HEAD_DIM)
     names = []
-    if cuda and flash_attn_available() and not has_bias:
+    if cuda and flash_attn_available() and not has_bias and not padded_batch:
         names.append("flash_attn")
     if cuda and has_bias and flex_ok and (n_queries is None or n_queries >= FLEX_MIN_QUERIES):
         names.append("flex")                          # the bias inside the kernel: no N x N tensor
@@ -308,8 +339,9 @@ def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool, head_
 
 
 def resolve_backend(name: str, has_bias: bool, device: torch.device, needs_grad: bool, head_dim: int = 64,
-                    value_dim: int | None = None, n_queries: int | None = None, contextual: bool = False) -> str:
-    valid = valid_backends(has_bias, device, needs_grad, head_dim, value_dim, n_queries, contextual)
+                    value_dim: int | None = None, n_queries: int | None = None, contextual: bool = False,
+                    padded_batch: bool = False) -> str:
+    valid = valid_backends(has_bias, device, needs_grad, head_dim, value_dim, n_queries, contextual, padded_batch)
     if name == "auto":
         return valid[0]
     if name not in BACKENDS:
@@ -318,7 +350,7 @@ def resolve_backend(name: str, has_bias: bool, device: torch.device, needs_grad:
         if contextual:
             why = CONTEXTUAL_WHY
         elif name == "flash_attn":
-            why = "it needs flash-attn, CUDA and no logit bias"
+            why = "it needs flash-attn, CUDA, no logit bias and no padded batch"
         elif device.type == "cuda":
             why = f"FlexAttention needs a head size of at least {FLEX_MIN_HEAD_DIM} on CUDA"
         else:
@@ -336,16 +368,17 @@ def check_encoding_backend(name: str, encoding: str, contextual: bool) -> None:
 
 def attend(q: Tensor, k: Tensor, v: Tensor, bias: Bias = None, backend_name: str = "auto", *,
            q_pos: Tensor | None = None, k_pos: Tensor | None = None, contextual: bool = False,
-           aligned: bool = False) -> Tensor:
+           aligned: bool = False, key_mask: Tensor | None = None) -> Tensor:
     """``contextual``: ``bias`` is a tensor computed from q and k (see the module docstring). ``aligned``: the
     positions are consecutive and bottom-right aligned (query i at key Nk - Nq + i, the model's own positions),
-    so FlexAttention reads a relative ``ScoreBias`` from a per-distance table."""
+    so FlexAttention reads a relative ``ScoreBias`` from a per-distance table. ``key_mask [B, Nk]``: a padded
+    batch's real keys (``posbench.model.padding``: a query sees the real keys only, a pad query also its own)."""
     needs_grad = torch.is_grad_enabled() and (
         any(t.requires_grad for t in (q, k, v)) or
         (isinstance(bias, Tensor) and bias.requires_grad) or
         (isinstance(bias, ScoreBias) and any(t.requires_grad for t in bias.tensors)))
     name = resolve_backend(backend_name, bias is not None, q.device, needs_grad, q.shape[-1], v.shape[-1],
-                           q.shape[-2], contextual)
+                           q.shape[-2], contextual, key_mask is not None)
     if name == "flex":
-        return flex_attention_backend(q, k, v, bias, q_pos, k_pos, aligned)
-    return BACKENDS[name](q, k, v, bias, q_pos, k_pos)
+        return flex_attention_backend(q, k, v, bias, q_pos, k_pos, aligned, key_mask)
+    return BACKENDS[name](q, k, v, bias, q_pos, k_pos, key_mask=key_mask)

@@ -20,6 +20,15 @@ so every step has the same shapes and reads no Python number that changes: ``Dec
 for every token and every call of the same batch size and capacity. An empty slot's key position is
 ``UNWRITTEN``; a bias computed from q and k ignores such keys (CoPE counts no gate for them). A static cache is
 for inference: its tables hold no gradient.
+
+Padded batches (``posbench.model.padding``). A cache keeps its ``padding`` (which keys are real, each row's pad
+count; None while no token was padded), so that later calls continue each row's positions and never see its
+pads (a growing cache's key mask grows by one concatenation per call: a bool per row and token). Decoding takes
+a left-padded prompt (``attention_mask``): the new tokens are real, so only the prompt's call carries a mask. A
+static cache takes it in its first call only (its key mask is one buffer of its capacity, so the compiled step
+keeps its shapes); a padded batch has its own cache in a ``Decoder`` and compiles one more step graph than an
+unpadded one (the key mask and the per-row positions are part of it), each then reused for every call of its
+kind.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+
+from posbench.model.padding import CachePadding, PaddingError, extended
 
 #: decoding checks whether every row has emitted EOS once per this many tokens (each check waits for the GPU)
 EOS_CHECK_EVERY = 8
@@ -89,9 +100,16 @@ class KVCache:
     layers: list[LayerCache] = field(default_factory=list)
     memory: dict[str, Tensor] = field(default_factory=dict)     # the encoding's, between calls
     consecutive: bool = True            # every key so far at the model's own positions (0, 1, 2, ...)
+    padding: CachePadding | None = None     # which cached keys are real (None: every one)
 
     def __post_init__(self):
         self.layers = [LayerCache(self.capacity) for _ in range(self.n_layers)]
+
+    def pad(self, mask: Tensor | None, n: int, trailing: bool) -> Tensor | None:
+        """Record the next ``n`` tokens' mask (None: all real); the key mask ``[B, length + n]`` of the call that
+        adds them, or None while no token is padded."""
+        self.padding = extended(self.padding, self.length, mask, n, trailing)
+        return self.padding.key_mask if self.padding is not None else None
 
 
 class StaticLayerCache:
@@ -177,6 +195,25 @@ class StaticCache:
         self.layers = [StaticLayerCache(self) for _ in range(n_layers)]
         self.memory: dict[str, Tensor] = {}
         self.consecutive = True
+        self.padding: CachePadding | None = None
+
+    def pad(self, mask: Tensor | None, n: int, trailing: bool) -> Tensor | None:
+        """The key mask ``[B, capacity]`` of a padded batch (None for an unpadded one). Its first call only may be
+        padded, and every row must end with a real token there (the decoding steps follow it)."""
+        if mask is None:
+            return self.padding.key_mask if self.padding is not None else None
+        if self.padding is not None or self.length != 0:
+            raise PaddingError("a static cache takes a padded batch in its first call only (the prompt)")
+        if trailing:
+            raise PaddingError("attention_mask ends a row with a pad, and decoding would put the next token after "
+                               "it: pad on the left to generate")
+        key_mask = torch.ones(mask.shape[0], self.capacity, dtype=torch.bool, device=mask.device)
+        key_mask[:, :n] = mask
+        pads = (~mask).sum(dim=1)
+        for buffer in (key_mask, pads):
+            static_address(buffer)
+        self.padding = CachePadding(key_mask, pads)
+        return key_mask
 
     @property
     def length(self) -> int:
@@ -198,6 +235,7 @@ class StaticCache:
         self.position.zero_()
         self.memory.clear()
         self.consecutive = True
+        self.padding = None
         for layer in self.layers:
             layer.clear()
 
@@ -225,21 +263,24 @@ class Decoder:
         options = {} if compile is True else dict(compile or {})
         self.compiled = bool(compile)
         self.step = torch.compile(next_token, fullgraph=True, **options) if compile else next_token
-        self.caches: dict[tuple[int, int, str], StaticCache] = {}
+        self.caches: dict[tuple[int, int, str, bool], StaticCache] = {}
 
-    def cache_for(self, batch: int, capacity: int, device: torch.device) -> StaticCache:
+    def cache_for(self, batch: int, capacity: int, device: torch.device, padded: bool = False) -> StaticCache:
+        """A reset cache for this batch size and capacity; a padded batch has its own (its key positions are one
+        row each, an unpadded batch's one row for all)."""
         capacity = -(-capacity // CAPACITY_STEP) * CAPACITY_STEP
-        key = (batch, capacity, str(device))
+        key = (batch, capacity, str(device), padded)
         if key not in self.caches:
             self.caches[key] = self.model.new_static_cache(capacity, device)
         cache = self.caches[key]
         cache.reset()
         return cache
 
-    def prefill(self, prompt: Tensor, extra: int) -> tuple[StaticCache, Tensor]:
+    def prefill(self, prompt: Tensor, extra: int, attention_mask: Tensor | None = None) -> tuple[StaticCache, Tensor]:
         """A cache for the prompt and ``extra`` more tokens, and the first new token ``[B]``."""
-        cache = self.cache_for(prompt.shape[0], prompt.shape[1] + extra, prompt.device)
-        return cache, self.model(prompt, cache=cache)[:, -1].argmax(-1)
+        padded = attention_mask is not None and not bool(attention_mask.all())
+        cache = self.cache_for(prompt.shape[0], prompt.shape[1] + extra, prompt.device, padded)
+        return cache, self.model(prompt, cache=cache, attention_mask=attention_mask)[:, -1].argmax(-1)
 
     def next(self, token: Tensor, cache: StaticCache) -> Tensor:
         """The token after ``token [B]`` (one compiled step)."""
@@ -248,7 +289,8 @@ class Decoder:
         return self.step(self.model, token[:, None], cache).clone()
 
     @torch.no_grad()
-    def generate(self, prompt: Tensor, max_new_tokens: int, eos_id: int | None = None) -> Tensor:
+    def generate(self, prompt: Tensor, max_new_tokens: int, eos_id: int | None = None,
+                 attention_mask: Tensor | None = None) -> Tensor:
         was_training = self.model.training
         self.model.eval()
         try:
@@ -256,7 +298,7 @@ class Decoder:
             new = prompt.new_full((b, max_new_tokens), eos_id if eos_id is not None else 0)
             if max_new_tokens == 0:
                 return new
-            cache, nxt = self.prefill(prompt, max_new_tokens)
+            cache, nxt = self.prefill(prompt, max_new_tokens, attention_mask)
             done = torch.zeros(b, dtype=torch.bool, device=prompt.device)
             for step in range(max_new_tokens):
                 if step > 0:
@@ -273,17 +315,20 @@ class Decoder:
 
 
 def greedy_generate(model, prompt: Tensor, max_new_tokens: int, eos_id: int | None = None,
-                    use_cache: bool = True) -> Tensor:
+                    use_cache: bool = True, attention_mask: Tensor | None = None) -> Tensor:
+    """Greedy decoding, ``[B, max_new_tokens]`` new tokens; ``attention_mask [B, N]``: a left-padded prompt (only
+    the prompt's call carries it: a cache keeps it; without one the mask grows with the real new tokens)."""
     was_training = model.training
     model.eval()
     try:
         b = prompt.shape[0]
         new = prompt.new_full((b, max_new_tokens), eos_id if eos_id is not None else 0)
         cache = model.new_cache(prompt.shape[1] + max_new_tokens) if use_cache else None
-        tokens, step_input = prompt, prompt
+        tokens, step_input, mask = prompt, prompt, attention_mask
         done = torch.zeros(b, dtype=torch.bool, device=prompt.device)
         for step in range(max_new_tokens):
-            logits = model(step_input, cache=cache) if use_cache else model(tokens)
+            padded = {"attention_mask": mask} if mask is not None and (step == 0 or not use_cache) else {}
+            logits = model(step_input, cache=cache, **padded) if use_cache else model(tokens, **padded)
             nxt = logits[:, -1].argmax(-1)
             if eos_id is not None:
                 nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
@@ -292,6 +337,8 @@ def greedy_generate(model, prompt: Tensor, max_new_tokens: int, eos_id: int | No
             step_input = nxt[:, None]
             if not use_cache:
                 tokens = torch.cat((tokens, step_input), dim=1)
+                if mask is not None:
+                    mask = torch.cat((mask, torch.ones_like(mask[:, :1])), dim=1)
             if eos_id is not None and (step + 1) % EOS_CHECK_EVERY == 0 and bool(done.all()):
                 break                                # the rest of `new` already holds eos_id
         return new

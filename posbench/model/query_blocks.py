@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posbench.model.bias import ScoreBias
+from posbench.model.padding import visible_mask
 
 #: queries per block; below two blocks' worth of queries the square is small and one call is fastest
 CAUSAL_BLOCK = 128
@@ -47,22 +48,32 @@ def causal_mask(nq: int, nk: int, device) -> Tensor:
     return torch.ones(nq, nk, dtype=torch.bool, device=device).tril(diagonal=nk - nq)
 
 
-def causal_query_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: int) -> Tensor:
-    """Causal self-attention (Nq = Nk) with the queries in ``blocks`` row blocks, through SDPA."""
-    edges = block_edges(q.shape[-2], blocks)
-    parts = [F.scaled_dot_product_attention(q[..., :edges[1], :], k[..., :edges[1], :], v[..., :edges[1], :],
-                                            is_causal=True)]
+def causal_query_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: int, key_mask: Tensor | None = None) -> Tensor:
+    """Causal self-attention (Nq = Nk) with the queries in ``blocks`` row blocks, through SDPA; ``key_mask [B, Nk]``:
+    the real keys of a padded batch (``posbench.model.padding``)."""
+    n = q.shape[-2]
+    edges = block_edges(n, blocks)
+    if key_mask is None:
+        parts = [F.scaled_dot_product_attention(q[..., :edges[1], :], k[..., :edges[1], :], v[..., :edges[1], :],
+                                                is_causal=True)]
+    else:
+        parts = [F.scaled_dot_product_attention(q[..., :edges[1], :], k[..., :edges[1], :], v[..., :edges[1], :],
+                                                attn_mask=visible_mask(n, n, q.device, key_mask, 0, edges[1])
+                                                [..., :edges[1]])]
     for start, end in zip(edges[1:-1], edges[2:]):
+        mask = causal_mask(end - start, end, q.device) if key_mask is None else \
+            visible_mask(n, n, q.device, key_mask, start, end)[..., :end]
         parts.append(F.scaled_dot_product_attention(q[..., start:end, :], k[..., :end, :], v[..., :end, :],
-                                                    attn_mask=causal_mask(end - start, end, q.device)))
+                                                    attn_mask=mask))
     return torch.cat(parts, dim=-2)
 
 
 def biased_query_blocks(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | Tensor, q_pos: Tensor | None,
-                        k_pos: Tensor | None, blocks: int) -> Tensor:
+                        k_pos: Tensor | None, blocks: int, key_mask: Tensor | None = None) -> Tensor:
     """Causal, bottom-right aligned attention with a logit bias, the queries in ``blocks`` row blocks.
     ``bias``: a ``ScoreBias`` (with positions ``[B or 1, Nq]``, ``[B or 1, Nk]``) or a tensor
-    ``[B or 1, H, Nq, Nk]``. Scores and softmax in float32 at least, as eager attention."""
+    ``[B or 1, H, Nq, Nk]``; ``key_mask [B, Nk]``: the real keys of a padded batch. Scores and softmax in float32
+    at least, as eager attention."""
     nq, nk = q.shape[-2], k.shape[-2]
     edges = block_edges(nq, blocks)
     spans = list(zip(edges[:-1], edges[1:]))
@@ -76,20 +87,26 @@ def biased_query_blocks(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | Tenso
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))
     if torch.is_grad_enabled() and (bias_grad or any(t.requires_grad for t in (q, k, v))):
-        return BiasedBlocks.apply(tuple(spans), q, k, v, *rows)
-    return block_forward(tuple(spans), q, k, v, rows, keep=None)   # each block's bias made when it is used
+        return BiasedBlocks.apply(tuple(spans), key_mask, q, k, v, *rows)
+    return block_forward(tuple(spans), q, k, v, rows, keep=None, key_mask=key_mask)   # each bias made when used
 
-def block_scores(q: Tensor, k: Tensor, bias: Tensor, start: int, end: int, keys: int) -> Tensor:
+def block_scores(q: Tensor, k: Tensor, bias: Tensor, start: int, end: int, keys: int,
+                 key_mask: Tensor | None = None) -> Tensor:
     """Block [start, end)'s attention weights over keys [0, keys): softmax(q k^T + bias) for queries ``q``
-    already scaled by 1/sqrt(D), the diagonal block masked; float32 at least."""
+    already scaled by 1/sqrt(D), the diagonal block masked (and a padded batch's pads); float32 at least."""
     scores = (q[..., start:end, :] @ k[..., :keys, :].transpose(-2, -1)).to(torch.promote_types(q.dtype, torch.float32))
     scores.add_(bias)
-    future = torch.ones(end - start, end - start, dtype=torch.bool, device=q.device).triu(1)
-    scores[..., keys - (end - start):].masked_fill_(future, float("-inf"))
+    if key_mask is None:
+        future = torch.ones(end - start, end - start, dtype=torch.bool, device=q.device).triu(1)
+        scores[..., keys - (end - start):].masked_fill_(future, float("-inf"))
+    else:
+        visible = visible_mask(q.shape[-2], k.shape[-2], q.device, key_mask, start, end)[..., :keys]
+        scores.masked_fill_(~visible, float("-inf"))
     return torch.softmax(scores, dim=-1)
 
 
-def block_forward(spans: tuple[tuple[int, int], ...], q: Tensor, k: Tensor, v: Tensor, rows, keep: list | None):
+def block_forward(spans: tuple[tuple[int, int], ...], q: Tensor, k: Tensor, v: Tensor, rows, keep: list | None,
+                  key_mask: Tensor | None = None):
     """The output ``[B, H, Nq, Dv]`` for q, k, v of equal leading shapes; ``keep`` collects each block's
     weights (for the backward pass)."""
     nq, nk = q.shape[-2], k.shape[-2]
@@ -97,7 +114,7 @@ def block_forward(spans: tuple[tuple[int, int], ...], q: Tensor, k: Tensor, v: T
     out = v.new_empty(*q.shape[:-1], v.shape[-1])
     for (start, end), bias in zip(spans, rows):
         keys = nk - nq + end
-        weights = block_scores(q, k, bias, start, end, keys)
+        weights = block_scores(q, k, bias, start, end, keys, key_mask)
         out[..., start:end, :] = weights.to(v.dtype) @ v[..., :keys, :]
         if keep is not None:
             keep.append(weights)
@@ -110,10 +127,10 @@ class BiasedBlocks(torch.autograd.Function):
     softmax's gradient dS of its own rows (unscaled: scores = q k^T / sqrt(D) + bias)."""
 
     @staticmethod
-    def forward(ctx, spans, q, k, v, *rows):
+    def forward(ctx, spans, key_mask, q, k, v, *rows):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         weights: list[Tensor] = []
-        out = block_forward(spans, q, k, v, rows, keep=weights)
+        out = block_forward(spans, q, k, v, rows, keep=weights, key_mask=key_mask)
         ctx.spans = spans
         ctx.bias_shapes = [(bias.shape, bias.dtype) for bias in rows]
         ctx.save_for_backward(q, k, v, out, *weights)
@@ -139,7 +156,7 @@ class BiasedBlocks(torch.autograd.Function):
         q3, k3, v3 = q3.to(flat) * scale, k3.to(flat), v3.to(flat)
         grad_rows = []
         for (start, end), p, (shape, dtype), wants in zip(ctx.spans, weights, ctx.bias_shapes,
-                                                          ctx.needs_input_grad[4:]):
+                                                          ctx.needs_input_grad[5:]):
             keys = nk - nq + end
             p3 = p.reshape(-1, end - start, keys)
             g = g3[:, start:end]
@@ -149,5 +166,5 @@ class BiasedBlocks(torch.autograd.Function):
             dq[:, start:end].baddbmm_(ds, k3[:, :keys], alpha=scale)
             dk[:, :keys].baddbmm_(ds.transpose(-2, -1), q3[:, start:end])
             grad_rows.append(ds.view(p.shape).sum_to_size(shape).to(dtype) if wants else None)
-        return (None, dq.view(q.shape).to(q.dtype), dk.view(k.shape).to(k.dtype), dv.view(v.shape).to(v.dtype),
+        return (None, None, dq.view(q.shape).to(q.dtype), dk.view(k.shape).to(k.dtype), dv.view(v.shape).to(v.dtype),
                 *grad_rows)

@@ -19,14 +19,34 @@ from posbench.model.bias import ScoreBias, table_rows
 from posbench.model.config import ModelConfig
 from posbench.model.generate import (Decoder, KVCache, LayerCache, StaticCache, StaticLayerCache, greedy_generate,
                                      shared_rows)
+from posbench.model.padding import PAD_TOKEN, check_continuation, mask_positions, real_tokens
 
 
-def default_positions(n: int, device: torch.device, cache: Any) -> Tensor:
-    """0..N-1, or after the cached tokens (a static cache's from its device slot: no host read)."""
+def default_positions(n: int, device: torch.device, cache: Any, mask: Tensor | None = None) -> Tensor:
+    """0..N-1, or after the cached tokens (a static cache's from its device slot: no host read); in a padded batch
+    (``mask [B, N]`` of real tokens, or a cache that holds pads) each row's real tokens counted, ``[B, N]``."""
     if isinstance(cache, StaticCache):
-        return cache.next_positions(n)
-    start = cache.length if cache is not None else 0
-    return torch.arange(start, start + n, device=device)
+        first = cache.next_positions(n)
+    else:
+        start = cache.length if cache is not None else 0
+        first = torch.arange(start, start + n, device=device)
+    padding = getattr(cache, "padding", None)
+    if mask is None and padding is None:
+        return first
+    pads = padding.pads if padding is not None else 0
+    if mask is None:
+        return first[None, :] - pads[:, None]
+    return mask_positions(mask, first[:1] - pads)
+
+
+def cached_real(cache: Any, batch: int, device: torch.device) -> Tensor | None:
+    """Whether each row has a real token in ``cache`` ``[B]`` (None without a cache; a host read of its length)."""
+    if cache is None:
+        return None
+    padding = getattr(cache, "padding", None)
+    if padding is not None:
+        return padding.real_rows(cache.length)
+    return torch.full((batch,), cache.length > 0, device=device)
 
 
 class RMSNorm(nn.Module):
@@ -48,9 +68,10 @@ class Attention(nn.Module):
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, x: Tensor, state: Any, positions: Tensor, pe, cache: LayerCache | None,
-                aligned: bool = False):
+                aligned: bool = False, key_mask: Tensor | None = None):
         """``aligned``: the positions are the model's own (query i is key Nk - Nq + i at distance Nk - Nq + i - j
-        from key j), so a relative bias can be read from a per-distance table."""
+        from key j, padding aside: between two real tokens of a padded row too), so a relative bias can be read
+        from a per-distance table. ``key_mask [B, >= Nk]``: which keys are real tokens (a padded batch)."""
         b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = pe.rotate(self.layer, q, k, state)
@@ -58,19 +79,21 @@ class Attention(nn.Module):
         if extra is not None:                       # aggregated by the same attention weights as v
             v = torch.cat((v, extra.to(v.dtype)), dim=-1)
         if isinstance(cache, StaticLayerCache) and n == 1 and cache.ready:
-            y = self.one_step(q, k, v, state, positions, pe, cache, aligned)
+            y = self.one_step(q, k, v, state, positions, pe, cache, aligned, key_mask)
         else:
-            y = self.attend(q, k, v, state, positions, pe, cache, aligned)
+            y = self.attend(q, k, v, state, positions, pe, cache, aligned, key_mask)
         y, aggregated = y[..., :self.head_dim], y[..., self.head_dim:]
         if extra is not None:
             state = pe.after_attention(self.layer, state, aggregated)
         return self.out(y.transpose(1, 2).reshape(b, n, -1)), state
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, state: Any, positions: Tensor, pe, cache,
-               aligned: bool) -> Tensor:
+               aligned: bool, key_mask: Tensor | None = None) -> Tensor:
         q_pos = k_pos = positions
         if cache is not None:
             k, v, k_pos = cache.append(k, v, positions)
+        if key_mask is not None:
+            key_mask = key_mask[:, :k.shape[2]]
         if shared_rows(q_pos) and shared_rows(k_pos):         # rows share their positions: one bias for all
             q_pos, k_pos = q_pos[:1], k_pos[:1]
         bias = layer_bias(pe, self.layer, state, q, k, q_pos, k_pos)
@@ -78,10 +101,10 @@ class Attention(nn.Module):
             with torch.no_grad():                   # what the one-token steps read: built once, here
                 cache.set_table(bias.distance_table(self.n_heads, cache.cache.capacity, q.device))
         return attend(q, k, v, bias, self.backend, q_pos=q_pos, k_pos=k_pos, contextual=isinstance(bias, Tensor),
-                      aligned=aligned)
+                      aligned=aligned, key_mask=key_mask)
 
     def one_step(self, q: Tensor, k: Tensor, v: Tensor, state: Any, positions: Tensor, pe,
-                 cache: StaticLayerCache, aligned: bool) -> Tensor:
+                 cache: StaticLayerCache, aligned: bool, key_mask: Tensor | None = None) -> Tensor:
         """One token against every slot of a static cache: the same shapes at every step, no host read."""
         k, v, k_pos, slot = cache.write_one(k, v, positions)
         q_pos = positions[:1] if shared_rows(positions) else positions
@@ -91,7 +114,7 @@ class Attention(nn.Module):
             bias = layer_bias(pe, self.layer, state, q, k, q_pos, k_pos)
             if isinstance(bias, ScoreBias):
                 bias = bias.materialise(self.n_heads, q_pos, k_pos)
-        return slot_attention(q, k, v, bias, slot)
+        return slot_attention(q, k, v, bias, slot, key_mask)
 
 
 def layer_bias(pe, layer: int, state: Any, q: Tensor, k: Tensor, q_pos: Tensor,
@@ -127,8 +150,8 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg)
 
     def forward(self, x: Tensor, state: Any, positions: Tensor, pe, cache: LayerCache | None = None,
-                aligned: bool = False):
-        h, state = self.attn(self.attn_norm(x), state, positions, pe, cache, aligned)
+                aligned: bool = False, key_mask: Tensor | None = None):
+        h, state = self.attn(self.attn_norm(x), state, positions, pe, cache, aligned, key_mask)
         x = x + h
         m = self.mlp(self.mlp_norm(x))
         state = pe.after_mlp(self.layer, state, m)   # TAPE's update is fed by the MLP output
@@ -156,21 +179,30 @@ class Transformer(nn.Module):
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
 
-    def forward(self, tokens: Tensor, positions: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, positions: Tensor | None = None, cache: KVCache | None = None,
+                attention_mask: Tensor | None = None) -> Tensor:
         """tokens ``[B, N]`` -> logits ``[B, N, vocab]``. ``positions``: ``[N]`` or ``[B, N]``; by default
-        0..N-1, continuing after the cached tokens when a ``cache`` is given."""
+        0..N-1, continuing after the cached tokens when a ``cache`` is given. ``attention_mask [B, N]``: 1 for a
+        real token, 0 for a pad (left or right of a row's real tokens; ``posbench.model.padding``): each row's
+        real tokens then get the logits they get alone, and the positions count them; a cache keeps the mask."""
         b, n = tokens.shape
+        mask, trailing = (None, False) if attention_mask is None else \
+            real_tokens(attention_mask.to(tokens.device), b, n, cached_real(cache, b, tokens.device))
+        padding = getattr(cache, "padding", None)
+        check_continuation(padding, n)
         aligned = positions is None and getattr(cache, "consecutive", cache is None)
         if positions is None:
-            positions = default_positions(n, tokens.device, cache)
+            positions = default_positions(n, tokens.device, cache, mask)
         elif hasattr(cache, "consecutive"):
             cache.consecutive = False
         positions = positions.to(tokens.device).expand(b, n) if positions.dim() == 1 else positions
-        state = self.encoding.init_state(positions, tokens, cache.memory if cache is not None else None)
+        key_mask = cache.pad(mask, n, trailing) if cache is not None and (mask is not None or padding) else mask
+        seen = tokens if mask is None else tokens.masked_fill(~mask, PAD_TOKEN)     # a pad is never a token
+        state = self.encoding.init_state(positions, seen, cache.memory if cache is not None else None)
         x = self.encoding.embed(self.embed(tokens), state)
         for i, block in enumerate(self.blocks):
             x, state = block(x, state, positions, self.encoding, cache.layers[i] if cache is not None else None,
-                             aligned)
+                             aligned, key_mask)
         if isinstance(cache, StaticCache):
             cache.advance(n)
         elif cache is not None:
@@ -188,17 +220,18 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, eos_id: int | None = None,
-                 use_cache: bool = True, compile: bool | dict = False) -> Tensor:
+                 use_cache: bool = True, compile: bool | dict = False, attention_mask: Tensor | None = None) -> Tensor:
         """Greedy decoding; returns ``[B, max_new_tokens]`` new tokens (after EOS: ``eos_id``). ``compile``: decode
         with a static cache and one compiled step for every token (True, or ``torch.compile`` options such as
-        ``{"mode": "reduce-overhead"}``); the compiled step is kept on the model for later calls."""
+        ``{"mode": "reduce-overhead"}``); the compiled step is kept on the model for later calls.
+        ``attention_mask [B, N]``: a left-padded prompt (0 for a pad): each row decodes as it would alone."""
         if not (compile and use_cache):
-            return greedy_generate(self, prompt, max_new_tokens, eos_id, use_cache)
+            return greedy_generate(self, prompt, max_new_tokens, eos_id, use_cache, attention_mask)
         key = repr(sorted(compile.items())) if isinstance(compile, dict) else "default"
         decoders = self.__dict__.setdefault("_decoders", {})
         if key not in decoders:
             decoders[key] = Decoder(self, compile)
-        return decoders[key].generate(prompt, max_new_tokens, eos_id)
+        return decoders[key].generate(prompt, max_new_tokens, eos_id, attention_mask)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
