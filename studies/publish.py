@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Publish a finished (or half-finished) ``posbench sweep``: its result files, and the tables, figures and
+HTML report that ``posbench compare`` makes of them.
+
+    python studies/publish.py results/studies/cpu docs/studies/cpu        (run from the repository root)
+
+From every cell of the sweep's output (``OUT/cells/<cell id>/``) whose run finished, ``result.json`` (and
+``predictions.jsonl`` when the task writes one) is copied to ``PAGE/runs/<cell id>/``; checkpoints stay
+behind. Then, over ``PAGE/runs`` only:
+
+    PAGE/tables.md      exactly what ``posbench compare PAGE/runs --against rope --format markdown`` prints
+    PAGE/figures/       ``--plots``
+    PAGE/report.html    ``--html``
+
+A rerun copies the cells finished since and rewrites the three. tests/test_study_tables.py checks that a
+committed tables.md is what compare prints over the committed runs, so a page cannot drift from its data.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+AGAINST = "rope"
+TABLES, FIGURES, REPORT, RUNS = "tables.md", "figures", "report.html", "runs"
+COPIED = ("result.json", "predictions.jsonl")
+
+
+class PublishError(Exception):
+    """Something the user can fix; ``str()`` is one line."""
+
+
+def finished_runs(sweep: Path) -> dict[str, Path]:
+    """Cell id -> the run directory that holds its result.json, for every finished cell of a sweep."""
+    cells = sweep / "cells"
+    if not cells.is_dir():
+        raise PublishError(f"{sweep} is not the output of posbench sweep (no cells/ folder)")
+    runs = {}
+    for cell in sorted(p for p in cells.iterdir() if p.is_dir()):
+        results = sorted(cell.rglob("result.json"))
+        if len(results) > 1:
+            raise PublishError(f"cell {cell.name} holds {len(results)} finished runs; keep one")
+        if results:
+            runs[cell.name] = results[0].parent
+    return runs
+
+
+def copy_runs(runs: dict[str, Path], page: Path) -> int:
+    """Copy each run's result files to PAGE/runs/<cell id>/; returns how many cells were new or changed."""
+    changed = 0
+    for cell, run in runs.items():
+        target = page / RUNS / cell
+        files = [run / name for name in COPIED if (run / name).is_file()]
+        if all((target / f.name).is_file() and (target / f.name).read_bytes() == f.read_bytes() for f in files):
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copyfile(f, target / f.name)
+        changed += 1
+    return changed
+
+
+def compare(runs: Path, *options: str) -> str:
+    """``posbench compare RUNS OPTIONS`` in a fresh process; its standard output."""
+    proc = subprocess.run([sys.executable, "-m", "posbench", "compare", str(runs), *options],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise PublishError(f"posbench compare {runs} failed: {(proc.stderr or proc.stdout).strip()}")
+    return proc.stdout
+
+
+def tables(runs: Path) -> str:
+    """The page's tables: compare's markdown, with every encoding's paired difference to RoPE."""
+    return compare(runs, "--against", AGAINST, "--format", "markdown")
+
+
+def write_page(page: Path) -> None:
+    (page / TABLES).write_text(tables(page / RUNS))
+    compare(page / RUNS, "--against", AGAINST, "--plots", str(page / FIGURES), "--html", str(page / REPORT),
+            "--force")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python studies/publish.py SWEEP_OUT PAGE_DIR", file=sys.stderr)
+        return 2
+    sweep, page = Path(argv[0]), Path(argv[1])
+    try:
+        runs = finished_runs(sweep)
+        if not runs and not (page / RUNS).is_dir():
+            raise PublishError(f"no cell of {sweep} has finished yet")
+        changed = copy_runs(runs, page)
+        write_page(page)
+    except PublishError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(runs)} finished cell(s), {changed} new; wrote {page / TABLES}, {page / FIGURES}/, {page / REPORT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

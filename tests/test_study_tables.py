@@ -1,0 +1,88 @@
+"""A study page cannot drift from its data: each committed ``tables.md`` is exactly what ``posbench compare
+RUNS --against rope --format markdown`` prints over the committed result files (studies/publish.py writes
+both). And studies/publish.py copies a sweep's finished cells, only those, once.
+
+Pages checked: the tiny study in tests/fixtures/study/ (2 encodings x 2 seeds x perplexity and passkey, tiny
+presets), and the CPU study in docs/studies/cpu/ (issue 27). When compare's output changes on purpose, rewrite
+them: ``python studies/publish.py results/studies/fixture tests/fixtures/study`` after its sweep (the command
+is in its study.toml), or over the committed runs alone with ``write_page`` below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "studies"))
+
+import publish  # noqa: E402  (a script of studies/, not a package)
+
+FIXTURE = ROOT / "tests" / "fixtures" / "study"
+CPU = ROOT / "docs" / "studies" / "cpu"
+
+
+@pytest.mark.parametrize("page", [FIXTURE, CPU], ids=["fixture", "cpu"])
+def test_committed_tables_are_what_compare_prints(page):
+    assert (page / publish.RUNS).is_dir(), f"{page} has no committed runs"
+    assert publish.tables(page / publish.RUNS) == (page / publish.TABLES).read_text()
+
+
+def test_a_changed_result_file_changes_the_table(tmp_path):
+    runs = shutil.copytree(FIXTURE / publish.RUNS, tmp_path / publish.RUNS)
+    result = runs / "perplexity-alibi-tiny-s0" / "result.json"
+    record = json.loads(result.read_text())
+    record["metrics"]["ppl_2x"]["value"] += 1.0
+    result.write_text(json.dumps(record))
+    assert publish.tables(runs) != (FIXTURE / publish.TABLES).read_text()
+
+
+def fake_sweep(root: Path, finished: list[str], unfinished: list[str]) -> Path:
+    """A sweep output whose cells hold the fixture's runs (finished) or only a config.json (killed)."""
+    for cell in finished + unfinished:
+        run = root / "cells" / cell / "task" / "encoding" / "20261125-000000-abcdef"
+        run.mkdir(parents=True)
+        (run / "config.json").write_text("{}")
+        if cell in finished:
+            for name in publish.COPIED:
+                if (FIXTURE / publish.RUNS / cell / name).is_file():
+                    shutil.copyfile(FIXTURE / publish.RUNS / cell / name, run / name)
+            (run / "checkpoint").mkdir()
+    return root
+
+
+def test_publish_copies_finished_cells_once_and_leaves_checkpoints(tmp_path):
+    sweep = fake_sweep(tmp_path / "sweep", ["passkey-rope-tiny-s0", "perplexity-rope-tiny-s1"], ["passkey-alibi-tiny-s0"])
+    page = tmp_path / "page"
+    runs = publish.finished_runs(sweep)
+    assert sorted(runs) == ["passkey-rope-tiny-s0", "perplexity-rope-tiny-s1"]
+    assert publish.copy_runs(runs, page) == 2
+    assert sorted(p.name for p in (page / "runs" / "passkey-rope-tiny-s0").iterdir()) == ["predictions.jsonl",
+                                                                                          "result.json"]
+    assert sorted(p.name for p in (page / "runs" / "perplexity-rope-tiny-s1").iterdir()) == ["result.json"]
+    assert publish.copy_runs(publish.finished_runs(sweep), page) == 0
+
+    assert publish.main([str(sweep), str(page)]) == 0
+    assert (page / "tables.md").read_text() == publish.tables(page / "runs")
+    assert (page / "report.html").is_file() and any((page / "figures").glob("*.png"))
+
+
+def test_publish_errors_are_one_line(tmp_path, capsys):
+    assert publish.main([str(tmp_path), str(tmp_path / "page")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "cells/" in err
+
+
+def test_the_cpu_study_file_plans_every_cell():
+    """studies/cpu.toml is a valid sweep study: 12 encodings x 2 tasks x 3 seeds, every cell's settings checked."""
+    proc = subprocess.run([sys.executable, "-m", "posbench", "sweep", str(ROOT / "studies" / "cpu.toml"),
+                           "--dry-run", "--jobs", "2", "--out", "/nonexistent/posbench-plan-only"],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert "plan: 72 cells" in proc.stdout
