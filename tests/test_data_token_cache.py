@@ -21,6 +21,7 @@ from posbench.data.chunks import BlockOrder, CachedChunks
 from posbench.data.lm import corpus_tokens, token_stream, uses_token_cache
 from posbench.data.sources import open_source
 from posbench.data.tokenizer import BPETokenizer, ByteTokenizer
+from posbench.errors import EnvironmentFault, UserError
 from posbench.files import json_object
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,6 +174,40 @@ def test_a_second_process_waits_for_the_producer(tmp_path, cache_dir):
     assert proc.returncode == 0, err
     assert f"DONE {total}" in out
     assert np.array_equal(cache.tokens, token_stream(src, "train", ByteTokenizer(), None).tokens)
+
+
+def test_a_stuck_producer_in_another_process_is_one_line_not_a_wait_forever(tmp_path, cache_dir, monkeypatch):
+    corpus = _corpus(tmp_path, n_files=4, docs=150, mean_words=200)
+    proc = _spawn_producer(corpus, cache_dir, pause_after=150_000)   # commits some batches, then hangs holding the lock
+    try:
+        directory = _cache_dir_of(cache_dir)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            progress = json_object(directory / "progress.json")
+            if progress and progress["tokens"] > 100_000:
+                break
+            time.sleep(0.01)
+        assert progress and progress["tokens"] > 100_000, "the producer committed nothing in 300 s"
+        monkeypatch.setenv("POSBENCH_CACHE_STALL", "2")
+        cache = token_cache.open_cache(open_source(str(corpus)), "train", ByteTokenizer(), None)
+        assert cache._thread is None                        # the child holds the lock: this process only reads
+        started = time.monotonic()
+        with pytest.raises(EnvironmentFault) as info:
+            cache.wait_complete()
+        assert 2 <= time.monotonic() - started < 60
+        message = str(info.value)
+        assert "\n" not in message and "has not grown for 2 s" in message and "POSBENCH_CACHE_STALL" in message
+        assert info.value.exit_code == 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan"])
+def test_a_bad_stall_limit_is_one_line(monkeypatch, value):
+    monkeypatch.setenv("POSBENCH_CACHE_STALL", value)
+    with pytest.raises(UserError, match="POSBENCH_CACHE_STALL"):
+        token_cache.stall_seconds()
 
 
 # ---- the training order -------------------------------------------------------------------------------------

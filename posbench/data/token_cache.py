@@ -57,10 +57,11 @@ import numpy as np
 
 from posbench.data.cache_files import damaged, hash_tokens, read_state, write_state
 from posbench.data.errors import DataError
-from posbench.errors import UserError, os_error
+from posbench.errors import EnvironmentFault, UserError, os_error
 
 FORMAT = 2
 POLL_SECONDS = 0.25            # how often a consumer in another process looks at progress.json
+STALL_SECONDS = 600.0          # a producer in another process that commits nothing for this long is stuck
 _OPEN: dict[str, TokenCache] = {}
 _OPEN_LOCK = threading.Lock()
 
@@ -71,6 +72,18 @@ def cache_root() -> Path:
         xdg = os.environ.get("XDG_CACHE_HOME")
         base = os.path.join(xdg, "posbench") if xdg else os.path.join(os.path.expanduser("~"), ".cache", "posbench")
     return Path(base) / "tokens"
+
+
+def stall_seconds() -> float:
+    """How long a consumer waits for a producer in another process that commits nothing (0: forever)."""
+    text = os.environ.get("POSBENCH_CACHE_STALL", "")
+    try:
+        value = float(text) if text else STALL_SECONDS
+    except ValueError:
+        raise UserError(f"POSBENCH_CACHE_STALL={text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise UserError(f"POSBENCH_CACHE_STALL={text!r} must be 0 (wait forever) or a positive number of seconds")
+    return value
 
 
 def tokenizer_identity(tokenizer) -> dict[str, Any]:
@@ -185,7 +198,11 @@ class TokenCache:
         return int(self._final["tokens"]) if self._final is not None else None
 
     def wait_for(self, n_tokens: int) -> int:
-        """Block until ``n_tokens`` tokens are committed or the cache is complete; the tokens available."""
+        """Block until ``n_tokens`` tokens are committed or the cache is complete; the tokens available.
+
+        A producer in another process that holds the lock but commits nothing for ``stall_seconds()`` (stopped,
+        or hung) is an error, not a wait forever; a producer that died is taken over."""
+        seen, since, limit = -1, time.monotonic(), stall_seconds()
         while True:
             with self._cond:
                 if self._error is not None:
@@ -199,6 +216,13 @@ class TokenCache:
             if self._committed >= n_tokens or self._final is not None:
                 return self._committed
             self._take_over_if_abandoned()
+            if self._committed != seen:
+                seen, since = self._committed, time.monotonic()
+            elif self._thread is None and limit and time.monotonic() - since > limit:
+                raise EnvironmentFault(
+                    f"token cache {self.directory} has not grown for {limit:g} s: the process filling it (it holds "
+                    f"{self.path('lock')}) seems stuck; stop that process (a new run takes over), or set "
+                    f"POSBENCH_CACHE_STALL=SECONDS to wait longer (0: wait forever)")
             time.sleep(POLL_SECONDS)
 
     def wait_complete(self) -> int:
