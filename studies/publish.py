@@ -8,22 +8,28 @@ From every cell of the sweep's output (``OUT/cells/<cell id>/``) whose run finis
 ``predictions.jsonl`` when the task writes one) is copied to ``PAGE/runs/<cell id>/``; checkpoints stay
 behind. Then, over ``PAGE/runs`` only:
 
-    PAGE/tables.md      exactly what ``posbench compare PAGE/runs --against rope --format markdown`` prints
+    PAGE/tables.md      exactly what ``posbench compare PAGE/runs --against rope --format markdown`` prints,
+                        then the same ``--against alibi`` (the papers of KERPLE, Sandwich, DAPE compare to ALiBi)
     PAGE/figures/       ``--plots``
     PAGE/report.html    ``--html``
 
-A rerun copies the cells finished since and rewrites the three. tests/test_study_tables.py checks that a
+A page beside PAGE (``PAGE.md``, e.g. docs/studies/cpu.md) may quote tables of tables.md between
+``<!-- tables.md: BASELINE HEADING -->`` and ``<!-- /tables.md -->`` (HEADING: the line above the table in the
+section of that baseline, e.g. ``### perplexity`` or ``**perplexity: difference to rope``); each quote is
+rewritten from tables.md. A rerun copies the cells finished since and rewrites all of these. tests/test_study_tables.py checks that a
 committed tables.md is what compare prints over the committed runs, so a page cannot drift from its data.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-AGAINST = "rope"
+AGAINST = ("rope", "alibi")      # the tables' baselines: the first is the figures' and the report's too
 TABLES, FIGURES, REPORT, RUNS = "tables.md", "figures", "report.html", "runs"
 COPIED = ("result.json", "predictions.jsonl")
 
@@ -71,14 +77,59 @@ def compare(runs: Path, *options: str) -> str:
     return proc.stdout
 
 
+def encodings(runs: Path) -> set[str]:
+    """The encodings of the result files under ``runs``."""
+    return {json.loads(p.read_text())["config"]["encoding"] for p in runs.rglob("result.json")}
+
+
 def tables(runs: Path) -> str:
-    """The page's tables: compare's markdown, with every encoding's paired difference to RoPE."""
-    return compare(runs, "--against", AGAINST, "--format", "markdown")
+    """The page's tables: compare's markdown with every encoding's paired difference to each baseline it has."""
+    present = encodings(runs)
+    return "".join(f"## Against {name}\n\n" + compare(runs, "--against", name, "--format", "markdown") + "\n"
+                   for name in AGAINST if name in present)
+
+
+QUOTE = re.compile(r"(<!-- tables\.md: (\w+) (.+?) -->)(.*?)(<!-- /tables\.md -->)", re.S)
+
+
+def sections(text: str) -> dict[str, str]:
+    """tables.md by baseline: {"rope": the text under "## Against rope", ...}."""
+    return dict(re.findall(r"^## Against (\w+)\n(.*?)(?=^## Against |\Z)", text, re.S | re.M))
+
+
+def table_after(text: str, heading: str) -> str:
+    """The markdown table that follows the line starting with ``heading`` in ``text``."""
+    lines = iter(text[text.index("\n" + heading) + 1:].splitlines()[1:])
+    rows: list[str] = []
+    for line in lines:
+        if line.startswith("|"):
+            rows.append(line)
+        elif rows:
+            break
+    if not rows:
+        raise PublishError(f"no table after '{heading}'")
+    return "\n".join(rows)
+
+
+def refresh_quotes(page_text: str, tables_text: str) -> str:
+    """Every quote of the page rewritten from tables.md (see the module docstring)."""
+    by_baseline = sections(tables_text)
+
+    def quoted(match: re.Match) -> str:
+        baseline, heading = match.group(2), match.group(3)
+        if baseline not in by_baseline or "\n" + heading not in by_baseline[baseline]:
+            raise PublishError(f"the page quotes '{heading}' against {baseline}, which tables.md does not hold")
+        return match.group(1) + "\n" + table_after(by_baseline[baseline], heading) + "\n" + match.group(5)
+
+    return QUOTE.sub(quoted, page_text)
 
 
 def write_page(page: Path) -> None:
     (page / TABLES).write_text(tables(page / RUNS))
-    compare(page / RUNS, "--against", AGAINST, "--plots", str(page / FIGURES), "--html", str(page / REPORT),
+    text_page = page.with_suffix(".md")
+    if text_page.is_file():
+        text_page.write_text(refresh_quotes(text_page.read_text(), (page / TABLES).read_text()))
+    compare(page / RUNS, "--against", AGAINST[0], "--plots", str(page / FIGURES), "--html", str(page / REPORT),
             "--force")
 
 

@@ -518,6 +518,29 @@ def test_shaded_intervals_stay_where_the_quantity_can_be(tmp_path):
         pyplot().close(fig)
 
 
+def test_twelve_encodings_get_twelve_different_lines_and_a_legend_beside_them(tmp_path):
+    """matplotlib's default cycle has ten colours: the 11th and 12th series repeated the 1st and 2nd (DAPE and
+    NoPE both blue in the CPU study's first figure). Every series must look different, by colour or line."""
+    from posbench.report.figures import pyplot, series_style, table_figures
+
+    styles = [tuple(sorted(series_style(i).items())) for i in range(40)]
+    assert len(set(styles)) == 40
+    grid = {"metric": "ppl", "higher_is_better": False, "axes": [{"name": "len", "values": [1, 2]}]}
+    names = [f"enc{i:02d}" for i in range(12)]
+    for i, name in enumerate(names):
+        make_run(tmp_path, "arithmetic", name, 0, {"accuracy": float(i)}, loss=[[1, 3.0], [2, 2.0]],
+                 grids={"ppl": {**grid, "values": [float(i), float(i) + 1]}})
+    figures = dict(table_figures(report.collect(tmp_path).tables[0]))
+    for stem in ("arithmetic_ppl", "arithmetic_loss"):
+        ax = figures[stem].axes[0]
+        looks = {(line.get_color(), line.get_linestyle()) for line in ax.lines if line.get_label() in names}
+        assert len(looks) == 12, stem
+        legend = ax.get_legend()
+        assert legend is not None and legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1, stem
+    for fig in figures.values():
+        pyplot().close(fig)
+
+
 def test_compare_never_overwrites_a_report_or_a_figure_without_force(tmp_path, capsys):
     """``--html`` over an existing file and ``--plots`` into a directory holding a figure of the same name: one
     line, exit 2, nothing written (the tables are not even printed); ``--force`` replaces them; a --plots

@@ -34,6 +34,26 @@ def test_committed_tables_are_what_compare_prints(page):
     assert publish.tables(page / publish.RUNS) == (page / publish.TABLES).read_text()
 
 
+def test_the_cpu_page_quotes_its_tables_word_for_word():
+    page = (CPU.parent / "cpu.md").read_text()
+    tables = (CPU / publish.TABLES).read_text()
+    blocks = [m.group(4).strip("\n") for m in publish.QUOTE.finditer(page)]
+    assert len(blocks) >= 3, "docs/studies/cpu.md quotes fewer tables than it did"
+    for block in blocks:
+        assert block and block in tables, block[:200]
+    assert publish.refresh_quotes(page, tables) == page, "rewrite the page: python studies/publish.py ..."
+
+
+def test_a_quote_that_drifted_is_rewritten_and_an_unknown_one_refused():
+    tables = "## Against rope\n\n### perplexity\n\n| a | b |\n|---|---|\n| rope | 1.00 |\n\n_note_\n"
+    page = "text\n<!-- tables.md: rope ### perplexity -->\n| a | b |\n|---|---|\n| rope | 1.01 |\n<!-- /tables.md -->\nmore\n"
+    fresh = publish.refresh_quotes(page, tables)
+    assert fresh == page.replace("1.01", "1.00")
+    assert publish.refresh_quotes(fresh, tables) == fresh
+    with pytest.raises(publish.PublishError, match="passkey"):
+        publish.refresh_quotes(page.replace("### perplexity", "### passkey"), tables)
+
+
 def test_a_changed_result_file_changes_the_table(tmp_path):
     runs = shutil.copytree(FIXTURE / publish.RUNS, tmp_path / publish.RUNS)
     result = runs / "perplexity-alibi-tiny-s0" / "result.json"

@@ -228,16 +228,36 @@ def value_bounds(grid: dict[str, Any], arrays: list[np.ndarray]) -> tuple[float,
     return (0.0, np.inf) if finite.size and finite.min() >= 0 else (-np.inf, np.inf)
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D")
+
+
+def series_style(i: int) -> dict[str, Any]:
+    """The i-th series' colour, line and marker: matplotlib's ten colours, then the same ten with another line
+    and marker, so that no two of up to 40 series look alike (with the default cycle the 11th is the 1st)."""
+    return {"color": f"C{i % 10}", "linestyle": LINE_STYLES[(i // 10) % 4], "marker": MARKERS[(i // 10) % 4]}
+
+
+def place_legend(ax, n_series: int) -> None:
+    """Inside the axes for a few series; beside them for many (it would cover the curves)."""
+    if n_series <= 6:
+        ax.legend(fontsize=8)
+    else:
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+
+
 def curves(task: str, name: str, items) -> Any:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(6 if len(items) <= 6 else 7.5, 4), constrained_layout=True)
     axis = items[0][1]["axes"][0]
-    for row, grid, arrs in items:
+    shade = 0.2 if len(items) <= 6 else 0.08
+    for i, (row, grid, arrs) in enumerate(items):
         xs = grid["axes"][0]["values"]
         mean, low, high = _band(arrs, value_bounds(grid, arrs))
-        (line,) = ax.plot(xs, mean, marker="o", label=row.label + (f" ({len(arrs)} seeds)" if len(arrs) > 1 else ""))
+        (line,) = ax.plot(xs, mean, label=row.label + (f" ({len(arrs)} seeds)" if len(arrs) > 1 else ""),
+                          **series_style(i))
         if low is not None:
-            ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.fill_between(xs, low, high, color=line.get_color(), alpha=shade, linewidth=0)
     ax.set_xlabel(axis["name"])
     ax.set_ylabel(items[0][1].get("metric", name))
     train_max = items[0][1].get("meta", {}).get("train_max") or {}
@@ -246,7 +266,7 @@ def curves(task: str, name: str, items) -> Any:
     if all(isinstance(x, (int, float)) and x > 0 for x in axis["values"]) and \
             max(axis["values"]) / max(min(axis["values"]), 1e-9) > 16:
         ax.set_xscale("log", base=2)
-    ax.legend(fontsize=8)
+    place_legend(ax, len(items))
     shaded = any(len(arrs) > 1 for _, _, arrs in items)
     ax.set_title(f"{task}: {name}" + (" (mean over seeds, 95% interval shaded)" if shaded else ""), fontsize=10)
     return fig
@@ -275,15 +295,18 @@ def loss_curves(table: TaskTable) -> Any | None:
     if not series:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
-    for row, steps, arrays in series:
+    fig, ax = plt.subplots(figsize=(6 if len(series) <= 6 else 7.5, 4), constrained_layout=True)
+    shade = 0.2 if len(series) <= 6 else 0.08
+    for i, (row, steps, arrays) in enumerate(series):
         mean, low, high = _band(arrays, (0.0, np.inf))          # a cross-entropy is never below zero
-        (line,) = ax.plot(steps, mean, label=row.label + (f" ({len(arrays)} seeds)" if len(arrays) > 1 else ""))
+        style = {k: v for k, v in series_style(i).items() if k != "marker"}
+        (line,) = ax.plot(steps, mean, label=row.label + (f" ({len(arrays)} seeds)" if len(arrays) > 1 else ""),
+                          **style)
         if low is not None:
-            ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.fill_between(steps, low, high, color=line.get_color(), alpha=shade, linewidth=0)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (nats per target token)")
-    ax.legend(fontsize=8)
+    place_legend(ax, len(series))
     ax.set_title(f"{table.task}: training loss", fontsize=10)
     return fig
 
