@@ -16,8 +16,9 @@ behind. Then, over ``PAGE/runs`` only:
 A page beside PAGE (``PAGE.md``, e.g. docs/studies/cpu.md) may quote tables of tables.md between
 ``<!-- tables.md: BASELINE HEADING -->`` and ``<!-- /tables.md -->`` (HEADING: the line above the table in the
 section of that baseline, e.g. ``### perplexity`` or ``**perplexity: difference to rope``); each quote is
-rewritten from tables.md. A rerun copies the cells finished since and rewrites all of these. tests/test_study_tables.py checks that a
-committed tables.md is what compare prints over the committed runs, so a page cannot drift from its data.
+rewritten from tables.md. A rerun copies the cells finished since and rewrites all of these, each file
+atomically. tests/test_study_tables.py checks that a committed tables.md is what compare prints over the
+committed runs, and that the page's quotes are tables.md's, so a page cannot drift from its data.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from posbench.errors import UserError
+from posbench.files import atomic_save, atomic_write_text
 
 AGAINST = ("rope", "alibi")      # the tables' baselines: the first is the figures' and the report's too
 TABLES, FIGURES, REPORT, RUNS = "tables.md", "figures", "report.html", "runs"
@@ -63,7 +67,7 @@ def copy_runs(runs: dict[str, Path], page: Path) -> int:
             continue
         target.mkdir(parents=True, exist_ok=True)
         for f in files:
-            shutil.copyfile(f, target / f.name)
+            atomic_save(target / f.name, lambda tmp, f=f: shutil.copyfile(f, tmp))
         changed += 1
     return changed
 
@@ -125,10 +129,10 @@ def refresh_quotes(page_text: str, tables_text: str) -> str:
 
 
 def write_page(page: Path) -> None:
-    (page / TABLES).write_text(tables(page / RUNS))
+    atomic_write_text(page / TABLES, tables(page / RUNS))
     text_page = page.with_suffix(".md")
     if text_page.is_file():
-        text_page.write_text(refresh_quotes(text_page.read_text(), (page / TABLES).read_text()))
+        atomic_write_text(text_page, refresh_quotes(text_page.read_text(), (page / TABLES).read_text()))
     compare(page / RUNS, "--against", AGAINST[0], "--plots", str(page / FIGURES), "--html", str(page / REPORT),
             "--force")
 
@@ -144,7 +148,7 @@ def main(argv: list[str]) -> int:
             raise PublishError(f"no cell of {sweep} has finished yet")
         changed = copy_runs(runs, page)
         write_page(page)
-    except PublishError as exc:
+    except (PublishError, UserError) as exc:        # UserError: a file that cannot be written, in one line
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{len(runs)} finished cell(s), {changed} new; wrote {page / TABLES}, {page / FIGURES}/, {page / REPORT}")
