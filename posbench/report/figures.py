@@ -238,19 +238,27 @@ def series_style(i: int) -> dict[str, Any]:
     return {"color": f"C{i % 10}", "linestyle": LINE_STYLES[(i // 10) % 4], "marker": MARKERS[(i // 10) % 4]}
 
 
+FEW_SERIES = 6                  # up to this many: the legend inside the axes, bands at full shade
+
+
+def series_axes(n_series: int) -> tuple[Any, Any, float]:
+    """A figure for ``n_series`` curves, its axes and the bands' alpha (wider and lighter for many)."""
+    few = n_series <= FEW_SERIES
+    fig, ax = pyplot().subplots(figsize=(6 if few else 7.5, 4), constrained_layout=True)
+    return fig, ax, 0.2 if few else 0.08
+
+
 def place_legend(ax, n_series: int) -> None:
     """Inside the axes for a few series; beside them for many (it would cover the curves)."""
-    if n_series <= 6:
+    if n_series <= FEW_SERIES:
         ax.legend(fontsize=8)
     else:
         ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
 
 
 def curves(task: str, name: str, items) -> Any:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6 if len(items) <= 6 else 7.5, 4), constrained_layout=True)
+    fig, ax, shade = series_axes(len(items))
     axis = items[0][1]["axes"][0]
-    shade = 0.2 if len(items) <= 6 else 0.08
     for i, (row, grid, arrs) in enumerate(items):
         xs = grid["axes"][0]["values"]
         mean, low, high = _band(arrs, value_bounds(grid, arrs))
@@ -294,9 +302,7 @@ def loss_curves(table: TaskTable) -> Any | None:
             series.append((row, steps, [np.array([h[s] for s in steps]) for h in histories]))
     if not series:
         return None
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6 if len(series) <= 6 else 7.5, 4), constrained_layout=True)
-    shade = 0.2 if len(series) <= 6 else 0.08
+    fig, ax, shade = series_axes(len(series))
     for i, (row, steps, arrays) in enumerate(series):
         mean, low, high = _band(arrays, (0.0, np.inf))          # a cross-entropy is never below zero
         style = {k: v for k, v in series_style(i).items() if k != "marker"}
