@@ -165,6 +165,10 @@ def test_a_real_run_writes_the_schema(tmp_path):
     from posbench.train.device import pick_device
 
     assert data["environment"]["torch"] and data["environment"]["device"] == str(pick_device("auto"))
+    if data["environment"]["device"] == "cpu":     # the CPU's model and the kernels' instruction set, e.g. "AMD EPYC (AVX512)"
+        import torch
+
+        assert data["environment"]["device_name"].endswith(f" ({torch.backends.cpu.get_cpu_capability()})")
     assert data["seeds"] == {"python": 3, "numpy": 3, "torch": 3, "data": 3, "eval": 42}
     assert data["config"]["model_config"]["encoding"] == "alibi" and data["config"]["train"]["steps"] == 3
     assert data["config"]["label"] == "alibi" and data["config"]["source"] is None
@@ -202,3 +206,36 @@ def _without_rules(report: dict) -> dict:
             for cell in row["metrics"].values():
                 cell.pop("best")
     return report
+
+
+def test_the_cpu_model_is_read_from_cpuinfo_and_falls_back_to_the_platform(tmp_path, monkeypatch):
+    import platform
+
+    from posbench.train.device import cpu_model
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC  9654 96-Core Processor\n"
+                       "processor\t: 1\nmodel name\t: AMD EPYC  9654 96-Core Processor\n")
+    assert cpu_model(str(cpuinfo)) == "AMD EPYC 9654 96-Core Processor"      # the first CPU's, spaces folded
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    cpuinfo.write_text("processor\t: 0\nBogoMIPS\t: 50.00\n")                  # no model name (an ARM kernel)
+    assert cpu_model(str(cpuinfo)) == "aarch64"
+    assert cpu_model(str(tmp_path / "absent")) == "aarch64"                      # no /proc (macOS, Windows)
+
+
+def test_the_record_names_the_commit_the_run_started_from_not_one_made_while_it_trained(tmp_path, monkeypatch):
+    from posbench.runs import record, runner
+    from posbench.runs.config import resolve_run_config
+
+    checkout = {"git_commit": "a" * 40, "git_dirty": False}
+    monkeypatch.setattr(record, "git_info", lambda: dict(checkout))
+
+    def commit_meanwhile(step, model, loss):        # someone commits in the checkout while the run trains
+        checkout.update(git_commit="b" * 40, git_dirty=True)
+
+    cfg = resolve_run_config("arithmetic", "alibi", "tiny", seed=0, sets=["steps=2"])
+    outcome = runner.execute(cfg, tmp_path, callbacks=(commit_meanwhile,))
+    data = json.loads((outcome.run_dir / "result.json").read_text())
+    assert checkout["git_commit"] == "b" * 40                   # the callback ran
+    assert data["posbench"]["git_commit"] == "a" * 40 and data["posbench"]["git_dirty"] is False

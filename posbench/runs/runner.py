@@ -65,6 +65,7 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
     from posbench.tasks import TASKS
 
     started = time.perf_counter()
+    code = posbench_info()          # the commit this process imported, read now: a commit made while it trains is not it
     main = ctx.is_main
     reporter = reporter if (reporter is not None and main) else NullReporter()
     task = TASKS.get(config.task)(config)
@@ -114,7 +115,7 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
         environment=environment_info(device, precision), seeds={**seeds, **task.seeds()},
         model={**model_facts(model, run_dir), **task.finish(model, run_dir)}, init=init_record,
         data=task.data_info(), evaluation=dict(evaluation.info), created=stored.get("created"), finished=now_iso(),
-        command=list(stored.get("command") or command or []), posbench=posbench_info(),
+        command=list(stored.get("command") or command or []), posbench=code,
         predictions="predictions.jsonl" if n_predictions else None, n_predictions=n_predictions)
     for logger in loggers:
         logger.finish({name: m.value for name, m in record.metrics.items()})

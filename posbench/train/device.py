@@ -123,8 +123,22 @@ def autocast(device: torch.device, precision: str):
 
 
 def device_name(device: torch.device) -> str:
-    """The GPU's name, or the CPU's."""
+    """The GPU's name, or the CPU's model with the instruction set torch's kernels use on it, e.g.
+    ``AMD EPYC (AVX512)``: two CPUs that dispatch to different kernels round differently, so a run records which."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    return f"{cpu_model()} ({torch.backends.cpu.get_cpu_capability()})"
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name (Linux's ``/proc/cpuinfo``), else what ``platform`` knows (``x86_64`` at least)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return " ".join(value.split())
+    except OSError:
+        pass
     return platform.processor() or platform.machine()
