@@ -541,6 +541,32 @@ def test_twelve_encodings_get_twelve_different_lines_and_a_legend_beside_them(tm
         pyplot().close(fig)
 
 
+def test_many_encodings_heatmaps_wrap_four_to_a_line_on_one_scale(tmp_path):
+    """Twelve encodings' heatmaps side by side made a figure 12 times wider than tall (the CPU study's passkey
+    figure): they wrap four to a line; each keeps its title and values, and one colour bar serves them all."""
+    from posbench.report.figures import pyplot, table_figures
+
+    grid = {"metric": "accuracy", "higher_is_better": True, "meta": {"unit": "%"},
+            "axes": [{"name": "length", "values": [8, 16]}, {"name": "depth", "values": [0.0, 0.5, 1.0]}]}
+    for n in (12, 3):
+        names = [f"enc{i:02d}" for i in range(n)]
+        for i, name in enumerate(names):
+            make_run(tmp_path / str(n), "passkey", name, 0, {"accuracy": float(i)},
+                     grids={"accuracy": {**grid, "values": [[float(i)] * 3, [float(i) / 2] * 3]}})
+        fig = dict(table_figures(report.collect(tmp_path / str(n)).tables[0]))["passkey_accuracy"]
+        maps = [ax for ax in fig.axes if ax.images]
+        assert len(maps) == n
+        assert sorted(ax.get_title().split("\n")[0] for ax in maps) == names
+        lines = {round(ax.get_position().y0, 3) for ax in maps}
+        columns = {round(ax.get_position().x0, 3) for ax in maps}
+        assert (len(lines), len(columns)) == ((3, 4) if n == 12 else (1, 3))
+        assert {ax.images[0].get_clim() for ax in maps} == {(0.0, 100.0)}
+        assert len(fig.axes) == n + 1                     # the heatmaps and one colour bar, no empty panels
+        width, height = fig.get_size_inches()
+        assert width / height < 2 if n == 12 else width / height < 4
+        pyplot().close(fig)
+
+
 def test_compare_never_overwrites_a_report_or_a_figure_without_force(tmp_path, capsys):
     """``--html`` over an existing file and ``--plots`` into a directory holding a figure of the same name: one
     line, exit 2, nothing written (the tables are not even printed); ``--force`` replaces them; a --plots

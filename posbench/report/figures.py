@@ -1,7 +1,7 @@
 """Figures of a report (matplotlib, PNG), one row of a table = one encoding, its seeds pooled:
 
-* ``<task>_<grid>.png``: a 2-axis grid (arithmetic accuracy, passkey length x depth) as heatmaps side by side
-  on one colour scale, each the mean over the row's seeds, the training region outlined; a 1-axis grid
+* ``<task>_<grid>.png``: a 2-axis grid (arithmetic accuracy, passkey length x depth) as heatmaps, four to a
+  line, on one colour scale, each the mean over the row's seeds, the training region outlined; a 1-axis grid
   (perplexity against length) as one curve per row, the mean over seeds with its 95% interval shaded (with
   one seed: the curve alone), the training length marked.
 * ``<task>_loss.png``: the training loss of every row on one plot (mean over seeds, 95% interval shaded).
@@ -26,6 +26,7 @@ from posbench.report.structure import Report, Row, TaskTable
 from posbench.stats import seed_interval
 
 DPI = 110
+HEATMAPS_PER_ROW = 4        # more rows' heatmaps wrap: twelve in one row made a figure 12 times wider than tall
 
 
 def pyplot():
@@ -168,10 +169,15 @@ def heatmaps(task: str, name: str, items) -> Any:
     vmin, vmax = (0.0, 100.0) if unit == "%" else (float(values.min()), float(values.max()))
     if vmin == vmax:
         vmax = vmin + 1.0
-    cols = len(items)
-    fig, axes = plt.subplots(1, cols, figsize=(3.4 * cols + 1.2, 3.6), squeeze=False, constrained_layout=True)
+    cols = min(len(items), HEATMAPS_PER_ROW)
+    rows = -(-len(items) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols + 1.2, 3.2 * rows + 0.4), squeeze=False,
+                             constrained_layout=True)
+    used = axes.ravel()[:len(items)]
+    for ax in axes.ravel()[len(items):]:
+        ax.remove()
     image = None
-    for ax, (row, grid, arrs), arr in zip(axes[0], items, arrays):
+    for ax, (row, grid, arrs), arr in zip(used, items, arrays):
         ya, xa = grid["axes"][0], grid["axes"][1]
         image = ax.imshow(arr, origin="lower", cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto",
                           extent=(-0.5, len(xa["values"]) - 0.5, -0.5, len(ya["values"]) - 0.5))
@@ -187,7 +193,7 @@ def heatmaps(task: str, name: str, items) -> Any:
             nx = sum(1 for v in xa["values"] if v <= train_max[xa["name"]])
             ax.add_patch(Rectangle((-0.5, -0.5), nx, ny, fill=False, edgecolor="white", linewidth=1.5,
                                    linestyle="--"))
-    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.85, label=f"{name}" + (f" ({unit})" if unit else ""))
+    fig.colorbar(image, ax=used.tolist(), shrink=0.85, label=f"{name}" + (f" ({unit})" if unit else ""))
     fig.suptitle(f"{task}: {name}", fontsize=10)
     return fig
 
