@@ -26,7 +26,7 @@ from posbench.report.structure import Report, Row, TaskTable
 from posbench.stats import seed_interval
 
 DPI = 110
-HEATMAPS_PER_ROW = 4        # more rows' heatmaps wrap: twelve in one row made a figure 12 times wider than tall
+HEATMAPS_PER_ROW = 4        # then they wrap: twelve encodings in one row made a figure 12 times wider than tall
 
 
 def pyplot():
