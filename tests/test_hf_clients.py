@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -232,7 +231,9 @@ class PosbenchSide:
 
 def run_lm_eval(directory: Path, tasks: Path, out: Path, batch: int,
                 names: str = "posbench_text,posbench_complete") -> subprocess.Popen:
-    command = [shutil.which("lm_eval") or "lm_eval", "--model", "hf", "--model_args",
+    # `python -m lm_eval` of the interpreter running the tests (the one importorskip checked), not whichever
+    # `lm_eval` is first on PATH: a venv used without activating it has its own off PATH
+    command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
                f"pretrained={directory},trust_remote_code=True,dtype=float32", "--include_path", str(tasks),
                "--tasks", names, "--device", "cpu", "--batch_size", str(batch),
                "--output_path", str(out), "--log_samples"]
