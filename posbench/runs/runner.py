@@ -65,8 +65,9 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
     from posbench.tasks import TASKS
 
     started = time.perf_counter()
-    code = posbench_info()          # the commit this process imported, read now: a commit made while it trains is not it
     main = ctx.is_main
+    code = posbench_info() if main else {}   # the commit this process imported, read now (a commit made while it
+                                             # trains is not it); only rank 0 writes the record
     reporter = reporter if (reporter is not None and main) else NullReporter()
     task = TASKS.get(config.task)(config)
     task.validate()
