@@ -223,12 +223,15 @@ def did_you_mean(key: str, known: Any) -> str:
 class Option:
     """One option: its default (whose type is the option's type), one line of help and its valid range.
     ``from_task``: only the task can give the value (Abacus's ``digit_ids``, the token ids of the digits): the
-    run configuration fills it from ``Task.encoding_context`` and refuses ``--set`` for it."""
+    run configuration fills it from ``Task.encoding_context`` and refuses ``--set`` for it. ``task_optional``: a
+    task may give none (the default then stands; RandPE's ``eval_length_factor``); without it a task that gives
+    none refuses the encoding."""
 
     default: Any
     help: str
     limit: Limit | None = None
     from_task: bool = False
+    task_optional: bool = False
 
     def describe(self) -> str:
         """The valid range in words (``any`` for an option without one)."""

@@ -92,10 +92,14 @@ class PositionalEncoding(Configurable, nn.Module):
     bias_from_qk: ClassVar[bool] = False
     #: the options only a task can give (set automatically: those declared ``Option(..., from_task=True)``)
     task_context: ClassVar[tuple[str, ...]] = ()
+    #: the options a task may give (``Option(..., from_task=True, task_optional=True)``): kept at their default
+    #: where it gives none
+    task_hints: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.task_context = tuple(key for key, o in cls.OPTIONS.items() if o.from_task)
+        cls.task_context = tuple(key for key, o in cls.OPTIONS.items() if o.from_task and not o.task_optional)
+        cls.task_hints = tuple(key for key, o in cls.OPTIONS.items() if o.from_task and o.task_optional)
         ENCODINGS.add_subclass(cls)
 
     def __init__(self, n_layers: int, n_heads: int, head_dim: int, d_model: int, max_seq_len: int,

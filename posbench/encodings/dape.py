@@ -18,15 +18,17 @@ is posbench's KERPLE, log kernel by default):
   before the bias is applied), unmasked (the causal mask comes after);
 - the concatenation is [logits of the H heads, base bias of the H heads], in that order; f is
   Linear(2H, hidden), LeakyReLU (slope 0.01), Linear(hidden, H), with biases, one per layer;
-- f's weights get the model's N(0, 0.02) initialisation (biases zero), like every other Linear;
+- f keeps PyTorch's default ``nn.Linear`` initialisation (the released ``AliBi_C`` / ``FIRE_C`` build plain
+  ``nn.Linear`` layers, which Megatron's model-wide init never reaches): weights and biases U(-1/sqrt(fan_in),
+  1/sqrt(fan_in)), so f moves the logits by a fraction of a unit from the first step;
 - every attention layer has its own base: the released code builds ``ParallelKerpleLog_C`` and ``FIRE_C`` inside
   each attention layer (``megatron/model/transformer.py``), so DAPE-KERPLE learns one (r1, r2) pair per layer
   (option ``base_per_layer``, default true; false shares one pair, posbench's KERPLE default). FIRE is per layer
   either way and ALiBi has no parameters;
 - DAPE-FIRE's threshold starts at L = 64: the released configurations (``configs/125M/512/125M_fire_c.yml``,
   ``noise_seq_length: 128``) give ``FIRE_C`` ``init_L = noise_seq_length = 128``, which it stores as
-  ``init_L // 2 = 64`` (option ``fire_init_l``, default 64; posbench's FIRE on its own starts at 512, the TAPE
-  reference's value).
+  ``init_L // 2 = 64`` (option ``fire_init_l``, default 64; posbench's FIRE on its own starts at half
+  the training length).
 
 The base bias is an option (``base``), computed by that encoding's own ``bias`` hook (one instance of it, with
 its default options but for the two above, lives inside this module), so ALiBi's slopes and FIRE's learned MLP are

@@ -1,8 +1,15 @@
 """FIRE (Li et al. 2024): a learned bias b_h(i, j) = MLP_h( psi(i - j) / psi(max(i, L)) ).
 
-psi(x) = log(|c x| + 1) with c learned (init 0.1); L = |L_mult * init_L| with init_L = 512 fixed and the
-multiplier learned (init 1.0); MLP 1 -> 32 -> H with ReLU; eps 1e-6 added to the denominator; one module per
-layer, as in the reference. While i < L the normaliser is constant, so the bias depends on i - j only.
+psi(x) = log(|c x| + 1) with c learned (init 0.1); L = |L_mult * init_L| with init_L fixed and the multiplier
+learned (init 1.0); MLP 1 -> 32 -> H with ReLU; eps 1e-6 added to the denominator; one module per layer, as in
+the reference. While i < L the normaliser is constant, so the bias depends on i - j only.
+
+Initialisation as released (DAPE's repository, ``megatron/model/positional_embeddings.py`` class ``FIRE``, which
+posbench's FIRE equals): the MLP keeps PyTorch's default ``nn.Linear`` init (the first layer's weights and biases
+U(-1, 1), the second's U(-1/sqrt(32), 1/sqrt(32))), so a fresh bias spans about a logit; c = 0.1; init_L = half the
+training length (that class stores ``init_L // 2`` of the length it is given; the TAPE reference's 512 at its
+1,024-token training length is the same ratio). Option ``init_l``: 0 (the default) means max_seq_len / 2. (The
+TAPE reference draws the MLP from its model-wide N(0, 0.02), which leaves the bias near 0.001 logits.)
 
 How it is evaluated without a sequence x sequence tensor. The MLP has one input u, so it is piecewise linear
 in u: hidden unit k is active on one side of its breakpoint t_k = -b1_k / w1_k, and between consecutive
@@ -102,14 +109,15 @@ class FIRE(PositionalEncoding):
         "hidden": Option(32, "hidden width of the MLP 1 -> hidden -> heads", at_least(1)),
         # c = 0 would never move (psi's gradient in c is zero there)
         "c": Option(0.1, "initial c of psi(x) = log(|c x| + 1) (learned)", positive()),
-        "init_l": Option(512.0, "the threshold L = |L_mult * init_l| below which the bias is relative (L_mult "
-                                "learned from 1)", positive()),
+        "init_l": Option(0.0, "the threshold L = |L_mult * init_l| below which the bias is relative (L_mult "
+                              "learned from 1); 0: max_seq_len / 2", Bound(low=0)),
         "eps": Option(1e-6, "added to the normaliser psi(max(i, L))", Bound(low=0)),
     }
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         o = self.options
+        o["init_l"] = float(o["init_l"] or self.max_seq_len / 2)        # recorded as used
         self.layers = nn.ModuleList(
             FIRELayer(self.n_heads, o["hidden"], o["c"], o["init_l"], o["eps"]) for _ in range(self.n_layers))
 

@@ -2,7 +2,16 @@
 
 d = max(i - j, 0). Buckets 0..B/2-1 are exact distances; the other B/2 are log-spaced up to
 ``max_distance`` and clamp to B - 1 beyond it. B = 64 and max_distance = 128 as in the reference's
-config (T5 itself used 32 buckets); one table per layer, initialised N(0, 0.02).
+config (T5 itself used 32 buckets); one table per layer.
+
+Initialisation and scale as the peer library released it (lucidrains/x-transformers, ``RelativePositionBias``):
+the table keeps ``nn.Embedding``'s own N(0, 1) init and the bias is the table entry times ``scale`` = sqrt(head
+dim), added to logits already scaled by 1 / sqrt(head dim). So a fresh model's bias has a standard deviation of
+sqrt(D) logits (5.7 at D = 32), and Adam, which moves an entry by about the learning rate per step, moves the bias
+sqrt(D) times as far: the bias can grow within a short budget. (The TAPE reference draws the table from its
+model-wide N(0, 0.02) and has no scale; posbench did too before, which left the bias near 0.1 logits for a whole
+300-step run.) ``scale`` is kept in the state dict: a checkpoint saved before it existed loads with scale 1, the
+bias it was trained with.
 
 Every distance from ``max_distance`` on falls in the last bucket, so the bias is a lookup in a small
 per-distance table: row d (d < max_distance) is the table row of bucket(d), row ``max_distance`` the last
@@ -19,7 +28,7 @@ from torch import Tensor, nn
 
 from posbench.model.bias import ScoreBias
 from posbench.encodings.base import PositionalEncoding
-from posbench.options import Option, OptionError, at_least
+from posbench.options import Bound, Option, OptionError, at_least
 
 
 def causal_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
@@ -44,6 +53,8 @@ class T5Bias(PositionalEncoding):
     OPTIONS = {
         "num_buckets": Option(64, "distance buckets: the first half exact, the rest log-spaced", at_least(2)),
         "max_distance": Option(128, "where the log-spaced buckets end (> num_buckets / 2)", at_least(2)),
+        "scale": Option(0.0, "the bias is the table entry times this (0: sqrt(head dim), as x-transformers)",
+                        Bound(low=0)),
     }
 
     @classmethod
@@ -59,6 +70,18 @@ class T5Bias(PositionalEncoding):
         self.tables = nn.ModuleList(nn.Embedding(buckets, self.n_heads) for _ in range(self.n_layers))
         self.register_buffer("distance_buckets", causal_bucket(torch.arange(max_distance + 1), buckets,
                                                                max_distance), persistent=False)
+        self.options["scale"] = float(self.options["scale"] or math.sqrt(self.head_dim))    # recorded as used
+        self.register_buffer("scale", torch.tensor(self.options["scale"]))    # saved: see _load_from_state_dict
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """A checkpoint from before ``scale`` existed was trained without one: it loads with scale 1."""
+        if prefix + "scale" not in state_dict:
+            state_dict = {**state_dict, prefix + "scale": torch.tensor(1.0)}
+            self.options["scale"] = 1.0
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def bias(self, layer: int, state, q, k, q_pos, k_pos) -> ScoreBias:
-        return ScoreBias(t5_bias, (self.tables[layer](self.distance_buckets),), relative=True)
+        table = self.tables[layer](self.distance_buckets) * self.scale
+        return ScoreBias(t5_bias, (table,), relative=True)

@@ -47,6 +47,10 @@ from posbench.options import OneOf, Option, at_least, positive
 from posbench.encodings.rope import training_offset
 
 
+#: the reference's initializer_range, which its x_proj and down_proj are drawn with
+RELEASED_STD = 0.02
+
+
 class TAPELayer(nn.Module):
     """The per-layer parameters: the attention-side gate and the MLP-side update (all bias-free)."""
 
@@ -111,7 +115,11 @@ class TAPE(PositionalEncoding):
             for _ in range(self.n_layers))
 
     def init_weights(self) -> None:
-        for layer in self.layers:  # both updates start at zero: a fresh TAPE model is RoPE
+        """As the reference (``adape.py`` ``_init_weights``): x_proj and down_proj N(0, 0.02), its model-wide
+        initializer_range; up_proj and the gate zero, so both updates start at zero: a fresh TAPE model is RoPE."""
+        for layer in self.layers:
+            nn.init.normal_(layer.x_proj.weight, std=RELEASED_STD)
+            nn.init.normal_(layer.down_proj.weight, std=RELEASED_STD)
             nn.init.zeros_(layer.gate)
             nn.init.zeros_(layer.up_proj.weight)
         for param in self.layers[self.n_layers - 1].parameters():   # the last layer's state is discarded

@@ -1,6 +1,7 @@
 """A Llama-style decoder that carries a positional state next to the hidden states.
 
-Pre-norm blocks (RMSNorm, attention, RMSNorm, SwiGLU MLP), no biases, untied embeddings, N(0, 0.02) init.
+Pre-norm blocks (RMSNorm, attention, RMSNorm, SwiGLU MLP), no biases, untied embeddings, N(0, 0.02) init of the
+model's own weights (the encoding's are its own: initialised as its authors release them, never overwritten here).
 Everything positional goes through ``self.encoding`` (see ``encodings/base.py``); this file names no
 encoding. Its options are ``ModelConfig`` (``model/config.py``).
 """
@@ -170,8 +171,14 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init_weights)
-        self.encoding.init_weights()        # its special inits; it freezes what can never reach the loss
+        for module in self.own_modules():
+            self._init_weights(module)
+        self.encoding.init_weights()        # its own inits; it freezes what can never reach the loss
+
+    def own_modules(self):
+        """The model's modules outside its encoding: the encoding owns (and initialises) its parameters."""
+        encoding = {id(m) for m in self.encoding.modules()}
+        return (m for m in self.modules() if id(m) not in encoding)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):

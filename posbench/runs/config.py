@@ -219,12 +219,14 @@ def fill_task_context(task_cls: Any, encoding: str | None, encoding_cls: Any, se
     ``Task.encoding_context``, into the ``encoding`` section; one line when the task gives none of them (Abacus
     on a task whose tokens are not digits) or when ``--set`` names one (``assigned``: its (section, key)s)."""
     needed = tuple(getattr(encoding_cls, "task_context", ()))
-    if not needed:
+    hints = tuple(getattr(encoding_cls, "task_hints", ()))
+    if not needed and not hints:
         return
-    for key in needed:
+    for key in needed + hints:
         if ("encoding", key) in assigned:
             raise ConfigError(f"--set encoding.{key}: the task gives this option (its encoding_context), not --set")
     context = task_cls.encoding_context(dict(sections["task"]))
+    sections["encoding"].update({key: context[key] for key in hints if key in context})
     missing = [key for key in needed if key not in context]
     if missing:
         from posbench.tasks import TASKS

@@ -10,6 +10,10 @@ Evaluation, ``task.mode``:
 * ``grid`` (default): a length x depth grid -- lengths ``length_factors`` x the training length, depths
   ``depths`` (0: key right after the task description, 1: right before the question), ``trials`` keys
   per cell with fixed seeds (the same for every encoding); accuracy heatmap per encoding in ``compare``.
+  A grid prompt is built as a training example is (``build_like_training``): prompt and answer together are
+  the grid length, so at 1x the prompts are drawn from the training distribution (the key no farther back
+  than in training) and every longer length is built the same way (task version 2; in version 1 the prompt
+  alone was the grid length, so at depth 0 the key sat a few tokens farther back than any training key).
 * ``longlora``: LongLoRA's ``passkey_retrivial.py`` exactly -- character-budget prompts built by
   ``posbench.evaluation.passkey.longlora_prompt`` with numpy seeds 0..trials-1 at each of the
   ``max_tokens // interval`` length points (``n_garbage = int(3.75 * (i + 1) * interval // 1024 * 1024)``
@@ -45,6 +49,24 @@ def _stderr(acc: float, n: int) -> float | None:
     return math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else None
 
 
+def build_like_training(builder: pk.GridBuilder, length: int, depth: float, key: int) -> pk.GridPrompt:
+    """A prompt whose prompt and answer together are ``length`` tokens, the key at ``depth``: how every training
+    example is made, and so how every grid prompt is made (at 1x exactly the training distribution; at 2x, 4x the
+    same construction, longer)."""
+    answer_len = len(builder.tok.encode(pk.answer_text(key)))
+    return builder.build(length - answer_len, depth, key)
+
+
+def equal_length_chunks(items: list[tuple[int, float, pk.GridPrompt]], size: int) -> list[list]:
+    """Batches of at most ``size`` prompts of one token length (a key's digits set its prompt's length), in the
+    items' order within each length."""
+    by_length: dict[int, list] = defaultdict(list)
+    for item in items:
+        by_length[len(item[2].prompt_ids)].append(item)
+    return [group[start: start + size] for _, group in sorted(by_length.items())
+            for start in range(0, len(group), size)]
+
+
 class PasskeyStream(SeededStream):
     """Training prompts at a fixed length; example g draws (depth, key) from (seed, batch index)."""
 
@@ -58,8 +80,7 @@ class PasskeyStream(SeededStream):
         for row in range(batch_size):
             key = int(rng.integers(pk.KEY_LOW, pk.KEY_HIGH))
             depth = float(rng.random())
-            answer_len = len(self.builder.tok.encode(pk.answer_text(key)))
-            p = self.builder.build(self.length - answer_len, depth, key)
+            p = build_like_training(self.builder, self.length, depth, key)
             seq = p.prompt_ids + p.answer_ids + [self.eos_id]          # length + 1 tokens
             loss_from = len(p.prompt_ids) if self.loss == "answer" else 0
             tokens[row], targets[row] = next_token_pair(seq, loss_from)
@@ -68,6 +89,8 @@ class PasskeyStream(SeededStream):
 
 class Passkey(TokenizerMixin, Task):
     name = "passkey"
+    #: 2: a grid prompt and its answer are the grid length together, as in training (1: the prompt alone was)
+    version = 2
     description = "passkey retrieval (LongLoRA template): length x depth accuracy grid, or LongLoRA's exact test"
     OPTIONS = {
         "mode": Option("grid", "grid (length x depth, token-exact lengths) or longlora (LongLoRA's script exactly)",
@@ -118,6 +141,11 @@ class Passkey(TokenizerMixin, Task):
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
 
+    @classmethod
+    def encoding_context(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The longest evaluation as a multiple of the training length (RandPE's span covers it)."""
+        return {"eval_length_factor": float(max(options["length_factors"]))}
+
     def lengths(self) -> list[int]:
         return sorted({int(round(f * self.train_length)) for f in self.opts["length_factors"]})
 
@@ -160,8 +188,8 @@ class Passkey(TokenizerMixin, Task):
             for di, depth in enumerate(depths):
                 for t in range(trials):
                     key = pk.grid_key(pk.trial_seed(self.opts["eval_seed"], length, di, t))
-                    items.append((di, depth, self.builder.build(length, depth, key)))
-            chunks = [items[start: start + bs] for start in range(0, len(items), bs)]
+                    items.append((di, depth, build_like_training(self.builder, length, depth, key)))
+            chunks = equal_length_chunks(items, bs)
             decoded = distributed.shard_map(      # batches split across torchrun's processes, gathered in order
                 lambda chunk: self._decode_batch(model, device, [p.prompt_ids for _, _, p in chunk],
                                                  [p.answer_ids for _, _, p in chunk]), chunks)

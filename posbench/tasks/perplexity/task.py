@@ -55,6 +55,11 @@ class Perplexity(CorpusTask):
             raise DataError(f"the held-out text has {available} tokens, fewer than the longest evaluation length "
                             f"{max(self.lengths())}; raise task.eval_tokens or lower task.length_factors")
 
+    @classmethod
+    def encoding_context(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The longest evaluation as a multiple of the training length (RandPE's span covers it)."""
+        return {"eval_length_factor": float(max(options["length_factors"]))}
+
     def lengths(self) -> list[int]:
         return [int(f) * self.train_length for f in sorted(set(self.opts["length_factors"]))]
 

@@ -121,6 +121,11 @@ class Ruler(TokenizerMixin, Task):
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
 
+    @classmethod
+    def encoding_context(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The longest evaluation as a multiple of the training length (RandPE's span covers it)."""
+        return {"eval_length_factor": float(max(options["length_factors"]))}
+
     def lengths(self) -> list[int]:
         return sorted({int(round(f * self.train_length)) for f in self.opts["length_factors"]})
 
