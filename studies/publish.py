@@ -2,7 +2,7 @@
 """Publish a finished (or half-finished) ``posbench sweep``: its result files, and the tables, figures and
 HTML report that ``posbench compare`` makes of them.
 
-    python studies/publish.py results/studies/cpu docs/studies/cpu        (run from the repository root)
+    python studies/publish.py results/studies/cpu-v2 docs/studies/cpu/v2 docs/studies/cpu.md   (from the repository root)
 
 From every cell of the sweep's output (``OUT/cells/<cell id>/``) whose run finished, ``result.json`` (and
 ``predictions.jsonl`` when the task writes one) is copied to ``PAGE/runs/<cell id>/``; checkpoints stay
@@ -12,8 +12,10 @@ behind. Then, over ``PAGE/runs`` only:
                         then the same ``--against alibi`` (the papers of KERPLE, Sandwich, DAPE compare to ALiBi)
     PAGE/figures/       ``--plots``
     PAGE/report.html    ``--html``
+    PAGE/plateau.md     per cell, whether its training loss had stopped improving when training ended
+                        (``posbench.report.plateau``: the rule is stated there and on the page)
 
-A page beside PAGE (``PAGE.md``, e.g. docs/studies/cpu.md) may quote tables of tables.md between
+A page (the third argument, by default ``PAGE.md`` beside PAGE, e.g. docs/studies/cpu/v1.md) may quote tables of tables.md between
 ``<!-- tables.md: BASELINE HEADING -->`` and ``<!-- /tables.md -->`` (HEADING: the line above the table in the
 section of that baseline, e.g. ``### perplexity`` or ``**perplexity: difference to rope``); each quote is
 rewritten from tables.md. A rerun copies the cells finished since and rewrites all of these, each file
@@ -34,7 +36,7 @@ from posbench.errors import UserError
 from posbench.files import atomic_save, atomic_write_text
 
 AGAINST = ("rope", "alibi")      # the tables' baselines: the first is the figures' and the report's too
-TABLES, FIGURES, REPORT, RUNS = "tables.md", "figures", "report.html", "runs"
+TABLES, FIGURES, REPORT, RUNS, PLATEAU = "tables.md", "figures", "report.html", "runs", "plateau.md"
 COPIED = ("result.json", "predictions.jsonl")
 
 
@@ -128,9 +130,18 @@ def refresh_quotes(page_text: str, tables_text: str) -> str:
     return QUOTE.sub(quoted, page_text)
 
 
-def write_page(page: Path) -> None:
+def plateaus(runs: Path) -> str:
+    """plateau.md: every cell's verdict (``posbench.report.plateau``), cells in name order."""
+    from posbench.report.plateau import plateau_table
+
+    records = {p.parent.name: json.loads(p.read_text()) for p in sorted(runs.glob("*/result.json"))}
+    return plateau_table(records)
+
+
+def write_page(page: Path, text_page: Path | None = None) -> None:
     atomic_write_text(page / TABLES, tables(page / RUNS))
-    text_page = page.with_suffix(".md")
+    atomic_write_text(page / PLATEAU, plateaus(page / RUNS))
+    text_page = text_page or page.with_suffix(".md")
     if text_page.is_file():
         atomic_write_text(text_page, refresh_quotes(text_page.read_text(), (page / TABLES).read_text()))
     compare(page / RUNS, "--against", AGAINST[0], "--plots", str(page / FIGURES), "--html", str(page / REPORT),
@@ -138,16 +149,17 @@ def write_page(page: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python studies/publish.py SWEEP_OUT PAGE_DIR", file=sys.stderr)
+    if len(argv) not in (2, 3):
+        print("usage: python studies/publish.py SWEEP_OUT PAGE_DIR [PAGE.md]", file=sys.stderr)
         return 2
     sweep, page = Path(argv[0]), Path(argv[1])
+    text_page = Path(argv[2]) if len(argv) == 3 else None
     try:
         runs = finished_runs(sweep)
         if not runs and not (page / RUNS).is_dir():
             raise PublishError(f"no cell of {sweep} has finished yet")
         changed = copy_runs(runs, page)
-        write_page(page)
+        write_page(page, text_page)
     except (PublishError, UserError) as exc:        # UserError: a file that cannot be written, in one line
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -77,10 +77,14 @@ def tiny(encoding: str, *, layers: int = 2, d_model: int = 32, heads: int = 4, m
     """A tiny model. ``init_std`` 0.2 (not 0.02) makes positional effects large compared with float32 noise,
     so that a test of "this changes the logits" cannot pass by rounding. TAPE's zero-initialised updates and
     CoPE's zero-initialised position embeddings are perturbed unless ``perturb=False`` (a zero update cannot show
-    a caching or causality bug). An encoding that needs options from its task (Abacus's ``digit_ids``) gets
+    a caching or causality bug). Built with the encoding's ``deterministic_options`` (RandPE at 0..N-1 in
+    evaluation) unless ``encoding_options`` says otherwise. An encoding that needs options from its task (Abacus's ``digit_ids``) gets
     ``task_context(encoding)``."""
+    from posbench.encodings import ENCODINGS
+
     torch.manual_seed(seed)
-    config["encoding_options"] = {**task_context(encoding), **config.get("encoding_options", {})}
+    config["encoding_options"] = {**task_context(encoding), **ENCODINGS[encoding].deterministic_options,
+                                  **config.get("encoding_options", {})}
     model = Transformer(ModelConfig(vocab_size=VOCAB, d_model=d_model, n_layers=layers, n_heads=heads,
                                     max_seq_len=max_seq_len, encoding=encoding, init_std=init_std, **config))
     if perturb and encoding == "tape":

@@ -23,13 +23,109 @@ CHECKS = ["options declared with a default, a range and help", "options refused 
 
 
 def test_check_passes_on_every_builtin_encoding(capsys):
-    assert main(["check", ",".join(BUILTIN)]) == 0
+    """The contract, and every learned position parameter within the CPU study's perplexity budget (Abacus, which
+    runs on arithmetic only, within arithmetic's default preset)."""
+    language = [name for name in BUILTIN if name != "abacus"]
+    assert main(["check", ",".join(language), "-t", "perplexity", "-p", "study"]) == 0
+    assert main(["check", "abacus"]) == 0
     out, err = capsys.readouterr()
     assert err == ""
-    lines = out.splitlines()
+    lines = [line for line in out.splitlines() if ": learns " not in line]
     assert len(lines) == len(BUILTIN) * len(CHECKS)
     for name in BUILTIN:
         assert [line.split(": ")[1] for line in lines if line.startswith(f"ok    encoding '{name}':")] == CHECKS
+    learns = [line for line in out.splitlines() if ": learns " in line]
+    assert len([line for line in learns if "'t5'" in line]) == 4          # one table per layer of the 4 layers
+    assert all("perplexity preset 'study': 900 steps: effect" in line for line in learns if "'t5'" in line)
+    assert any("encoding 'tape': learns layers.3 " in line and "unused: frozen" in line for line in learns)
+    assert not [line for line in learns if any(f"'{name}'" in line for name in
+                                                ("rope", "alibi", "randpe", "xpos", "nope", "sandwich"))]
+
+
+def define_weak_t5():
+    """T5's bias as posbench built it before issue 34: the table from N(0, 0.02), no scale."""
+    from posbench.encodings.t5 import T5Bias
+
+    class WeakT5(T5Bias):
+        name = "test-weak-t5"
+        OPTIONS = {**T5Bias.OPTIONS, "scale": Option(1.0, "fixed multiplier", at_least(0))}
+
+        def init_weights(self):
+            for table in self.tables:
+                torch.nn.init.normal_(table.weight, std=0.02)
+    return WeakT5
+
+
+def test_a_position_parameter_that_cannot_learn_within_the_budget_fails(capsys):
+    """Reach: a table entry read with scale 1 moves the logits by at most 2 x the summed learning rate (0.33 at the
+    perplexity small preset: 300 steps of lr 2e-3, 5% warmup, decay to 0.1), 0.66 < 1 logit; with x-transformers'
+    sqrt(32) it reaches 3.74 (both computed here from the schedule)."""
+    from posbench.checks.learnable import summed_lr
+    from posbench.runs.config import resolve_run_config
+    from posbench.train.config import TrainConfig
+
+    train = TrainConfig(**resolve_run_config("perplexity", "t5", "small").train)
+    lr = 2e-3 * (sum((s + 1) / 15 for s in range(15)) + sum(0.1 + 0.9 * (300 - s) / 285 for s in range(15, 300)))
+    assert summed_lr(train) == pytest.approx(lr, rel=1e-12)
+    define_weak_t5()
+    try:
+        assert main(["check", "test-weak-t5", "--no-compiled"]) == 1
+        out, err = capsys.readouterr()
+        failed = [line for line in err.splitlines() if ": learns tables." in line]
+        assert len(failed) == 4
+        assert all(f"the budget can move its effect by at most {2 * lr:.3g} logits (< 1)" in line for line in failed)
+        assert main(["check", "t5", "--no-compiled"]) == 0
+        out, _ = capsys.readouterr()
+        assert f"reach {2 * lr * 32 ** 0.5:.3g}" in out
+    finally:
+        ENCODINGS.remove("test-weak-t5")
+
+
+def test_a_frozen_or_skipped_position_parameter_fails(monkeypatch):
+    from posbench.checks import learnable
+    from posbench.checks.outcome import Report
+    from posbench.encodings.t5 import T5Bias
+
+    class FrozenT5(T5Bias):
+        name = "test-frozen-t5"
+
+        def init_weights(self):
+            self.tables[1].weight.requires_grad_(False)
+    try:
+        report = Report("x")
+        learnable.check_learnable(report, "test-frozen-t5", "perplexity", "small")
+        failed = [c for c in report.checks if not c.passed]
+        assert [c.name for c in failed] == ["learns tables.1 within the perplexity preset 'small': 300 steps"]
+        assert failed[0].detail.startswith("frozen (requires_grad=False) but it changes the attention")
+    finally:
+        ENCODINGS.remove("test-frozen-t5")
+    real = learnable.make_optimizer if hasattr(learnable, "make_optimizer") else None
+    assert real is None                         # imported inside check_learnable: patch the module it comes from
+    import posbench.train.optim as optim
+
+    original = optim.make_optimizer
+
+    def skipping(model, cfg):
+        optimizer = original(model, cfg)
+        skipped = model.encoding.tables[2].weight
+        for group in optimizer.param_groups:
+            group["params"] = [p for p in group["params"] if p is not skipped]
+        return optimizer
+    monkeypatch.setattr(optim, "make_optimizer", skipping)
+    report = Report("x")
+    learnable.check_learnable(report, "t5", "perplexity", "small")
+    failed = [c for c in report.checks if not c.passed]
+    assert len(failed) == 1 and failed[0].detail.startswith("the optimizer skips tables.2.weight")
+
+
+def test_cope_cannot_learn_in_the_quick_start_budget_and_can_in_the_studys():
+    from posbench.checks.learnable import check_learnable
+    from posbench.checks.outcome import Report
+
+    small, study = Report("x"), Report("x")
+    check_learnable(small, "cope", "perplexity", "small")
+    check_learnable(study, "cope", "perplexity", "study")
+    assert not small.passed and study.passed
 
 
 def define_broken():
@@ -102,7 +198,8 @@ def test_check_fails_on_an_encoding_that_counts_pads_as_positions(capsys):
     out, err = capsys.readouterr()
     assert [line.split(": ")[1] for line in err.splitlines()] == ["a padded batch gives each row what it gets alone"]
     assert "left-padded by 4 tokens" in err
-    assert out.count("ok    encoding 'test-counting'") == len(CHECKS) - 2     # and no compiled check
+    assert out.count("ok    encoding 'test-counting'") == len(CHECKS) - 2 + 1  # no compiled check; its table learns
+    assert "ok    encoding 'test-counting': learns table within the perplexity preset 'small'" in out
 
 
 def test_check_fails_on_a_tensor_bias_the_class_does_not_declare(capsys):

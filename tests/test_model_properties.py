@@ -164,7 +164,8 @@ RELATIVE = ["rope", "xpos", "alibi", "t5", "tape", "fire", "kerple", "sandwich",
 @pytest.mark.parametrize("shift", [1, 37, 300])
 @pytest.mark.parametrize("encoding", RELATIVE)
 def test_relative_encodings_ignore_a_shift_of_all_positions(encoding, shift):
-    model = tiny(encoding).eval()  # FIRE: L = 512, so positions up to 300 + 12 stay below L
+    options = {"init_l": 512.0} if encoding == "fire" else {}     # FIRE: positions up to 312 stay below L
+    model = tiny(encoding, encoding_options=options).eval()
     x = tokens(2, 12)
     with torch.no_grad():
         base = model(x, positions=torch.arange(12))

@@ -83,3 +83,40 @@ def test_training_batches_take_the_loss_on_every_token_or_on_the_answer_only(los
             text = tok.decode(kept[:-1])
             assert kept[-1] == tok.eos_id and text.startswith(" ") and text[1:].isdigit()
             assert y.index(kept[0]) == len(y) - len(kept)      # masked up to the answer, kept to the end
+
+
+def test_grid_prompts_at_1x_are_drawn_from_the_training_distribution(monkeypatch):
+    """A grid prompt and its answer together are the grid length, as a training example's are: at 1x every prompt
+    is as long as a training prompt for the same key, and the key's place is the training example's at the same
+    depth (task version 2; in version 1 the prompt alone was the grid length)."""
+    import torch
+
+    from posbench.model import ModelConfig, Transformer
+    from posbench.runs.config import resolve_run_config
+    from posbench.tasks import TASKS
+
+    config = resolve_run_config("passkey", "rope", "tiny", sets=["task.depths=0.0,1.0", "task.trials=3"])
+    task = TASKS["passkey"](config)
+    length = task.train_length
+    seen = []
+    monkeypatch.setattr(type(task), "_decode_batch",
+                        lambda self, model, device, prompts, answers: (seen.extend(zip(prompts, answers)), answers)[1])
+    model = Transformer(ModelConfig(vocab_size=task.vocab_size(), encoding="rope", d_model=16, n_layers=1, n_heads=2,
+                                    max_seq_len=length))
+    evaluation = task.evaluate(model, torch.device("cpu"), None, {})
+    assert evaluation.metrics["acc_1x"].value == 100.0           # the stand-in decoder answers right
+    at_1x = [(p, a) for p, a in seen if len(p) + len(a) == length]
+    assert len(at_1x) == 2 * 3                                   # every 1x prompt: prompt + answer = training length
+    assert all(len(p) + len(a) in (length * f for f in config.task_options["length_factors"]) for p, a in seen)
+    from posbench.tasks.passkey.task import PasskeyStream, build_like_training
+
+    tok = task.tokenizer
+    builder = task.builder
+    stream = PasskeyStream(0, builder, length, tok.eos_id, tok.pad_id, "answer")
+    for depth in (0.0, 1.0):
+        key = 12345
+        grid = build_like_training(builder, length, depth, key)
+        answer_len = len(tok.encode(pk.answer_text(key)))
+        trained = builder.build(stream.length - answer_len, depth, key)     # how make_batch builds an example
+        assert grid.prompt_ids == trained.prompt_ids and grid.key_position == trained.key_position
+    assert TASKS["passkey"].version == 2 and config.task_version == 2

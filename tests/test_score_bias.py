@@ -81,12 +81,15 @@ def test_t5_distance_table_is_the_bucket_table_at_every_distance():
     k_pos = torch.arange(0, 700)[None]
     dense = bias_tensor(t5, 1, q_pos, k_pos)[0]                                  # [H, Nq, Nk]
     distance = q_pos[0][:, None] - k_pos[0][None, :]
-    expected = table[causal_bucket(distance, 64, 128)].permute(2, 0, 1)  # the bucket table, read directly
+    scale = t5.head_dim ** 0.5                                                  # x-transformers' sqrt(D)
+    expected = table[causal_bucket(distance, 64, 128)].permute(2, 0, 1) * t5.scale   # the bucket table, read directly
+    assert t5.scale.item() == pytest.approx(scale, rel=1e-7)
     torch.testing.assert_close(dense, expected, rtol=0, atol=0)
 
 
 def test_t5_gradient_reaches_the_bucket_table():
-    """d loss / d table[bucket, h] = the sum of the upstream gradient over the pairs in that bucket."""
+    """d loss / d table[bucket, h] = the scale times the sum of the upstream gradient over the pairs in that
+    bucket."""
     t5 = build("t5", dtype=torch.float64)
     q_pos, k_pos = torch.arange(0, 300, 3)[None], torch.arange(0, 300)[None]
     upstream = torch.randn(1, HEADS, 100, 300, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
@@ -94,7 +97,7 @@ def test_t5_gradient_reaches_the_bucket_table():
     buckets = causal_bucket(q_pos[0][:, None] - k_pos[0][None, :], 64, 128)
     expected = torch.zeros(64, HEADS, dtype=torch.float64)
     expected.index_add_(0, buckets.flatten(), upstream[0].permute(1, 2, 0).reshape(-1, HEADS))
-    torch.testing.assert_close(t5.tables[0].weight.grad, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(t5.tables[0].weight.grad, expected * t5.scale, rtol=1e-12, atol=1e-12)
 
 
 # ---- FIRE: the MLP as exact linear pieces ---------------------------------------------------------------------

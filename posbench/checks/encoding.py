@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from posbench.checks.learnable import check_learnable
 from posbench.checks.options import check_options
 from posbench.checks.outcome import CheckFailed, Report
 
@@ -24,9 +25,10 @@ BATCH, LENGTH, PREFIX = 2, 12, 5
 PADS = 4            # the padding check's pads
 
 
-def check_encoding(name: str, *, compiled: bool = True) -> Report:
+def check_encoding(name: str, *, compiled: bool = True, task: str | None = None, preset: str | None = None) -> Report:
     """Every check of the encoding contract on encoding ``name`` (``compiled=False``: all but the one-graph
-    check, which traces two training steps with dynamo: about a second on a CPU)."""
+    check, which traces two training steps with dynamo: about a second on a CPU), then whether each learned
+    position parameter can learn within ``task``'s ``preset`` budget (``posbench.checks.learnable``)."""
     from posbench.encodings import ENCODINGS
 
     cls = ENCODINGS.get(name)
@@ -53,6 +55,7 @@ def check_encoding(name: str, *, compiled: bool = True) -> Report:
                                                                                                 vocab, x))
         if compiled:
             report.run("one compiled graph for all layers", lambda: one_graph(model, x))
+        check_learnable(report, name, task, preset)
     finally:
         torch.set_num_threads(before)
     return report
@@ -80,7 +83,10 @@ def task_context(cls: Any) -> tuple[dict[str, Any], int]:
 def build(name: str, options: dict[str, Any], vocab: int, attention: str, seed: int = 0):
     from posbench.model import ModelConfig, Transformer
 
+    from posbench.encodings import ENCODINGS
+
     torch.manual_seed(seed)
+    options = {**ENCODINGS.get(name).deterministic_options, **options}
     model = Transformer(ModelConfig(vocab_size=vocab, encoding=name, encoding_options=dict(options),
                                     attention=attention, **SHAPE))
     generator = torch.Generator().manual_seed(seed + 1)

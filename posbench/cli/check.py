@@ -14,6 +14,8 @@ CHECK_EPILOG = """[bold]Examples[/bold]
 
   posbench check learned --no-compiled        (all but the one-graph check of torch.compile)
 
+  posbench check t5 -t passkey -p study       (can its learned bias learn within that preset's budget?)
+
   posbench --plugins my_tasks check copy      (a task: options, presets, stream, a short run)
 
   posbench check scrolls --set task.data=tests/fixtures/scrolls --set task.datasets=qasper
@@ -24,6 +26,11 @@ def check(names: list[str] = typer.Argument(..., help="encodings or tasks, by na
           compiled: bool = typer.Option(True, "--compiled/--no-compiled", help="check that torch.compile traces a "
                                         "training step as one graph (traced only: about a second per encoding)"),
           encoding: str = typer.Option("rope", "--encoding", "-e", help="the encoding a task's short run trains"),
+          task: Optional[str] = typer.Option(None, "--task", "-t", help="an encoding's budget: the task whose preset's "
+                                             "steps and learning rates its learned parameters must learn within "
+                                             "(default: perplexity, or the first task the encoding runs on)"),
+          preset: Optional[str] = typer.Option(None, "--preset", "-p", help="an encoding's budget: the task's preset "
+                                               "(default: the task's default)"),
           sets: Optional[list[str]] = typer.Option(None, "--set", help="section.key=value for a task's runs"),
           quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the failed checks")) -> None:
     """Run the shared contract checks on encodings and tasks (yours or built-in): one line per check, exit code 1
@@ -42,7 +49,7 @@ def check(names: list[str] = typer.Argument(..., help="encodings or tasks, by na
                 raise UnknownNameError("encoding or task", name, [*ENCODINGS, *TASKS])
         for name in wanted:
             if name in ENCODINGS:
-                report = check_encoding(name, compiled=compiled)
+                report = check_encoding(name, compiled=compiled, task=task, preset=preset)
             else:
                 report = check_task(name, encoding=encoding, sets=tuple(sets or ()))
             for check_result, line in zip(report.checks, report.lines()):

@@ -79,12 +79,12 @@ class Abacus(PositionalEncoding):
         self.max_digits = o["max_digits"] or max_seq_len
         self.rows = o["max_k"] + self.max_digits + 1
         self.table = nn.Embedding(self.rows, d_model)
+        self.register_buffer("digits", torch.tensor(o["digit_ids"], dtype=torch.long), persistent=False)
 
     def init_weights(self) -> None:
         """As released: the paper's runs (``init.type: deepnorm-straight``) draw every embedding, this table
         included, from N(0, d_model ** -0.5) (cramming's ``_init_module``)."""
         nn.init.normal_(self.table.weight, std=self.d_model ** -0.5)
-        self.register_buffer("digits", torch.tensor(o["digit_ids"], dtype=torch.long), persistent=False)
 
     # ---- the digit index --------------------------------------------------------------------------------
     def digit_runs(self, tokens: Tensor, carry: Tensor | None = None) -> Tensor:

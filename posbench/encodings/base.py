@@ -51,8 +51,9 @@ encoding that counts tokens itself counts the pads.
 The model calls ``bias`` with autocast off, so that no position or bias is computed in bfloat16. Positions are
 ``[B or 1, Nq]`` and ``[B or 1, Nk]`` (one row when every row of the batch shares them).
 
-``init_weights`` runs after the model's N(0, 0.02) initialisation of every Linear and Embedding, for special inits;
-it also freezes (``requires_grad_(False)``) any parameter that can never reach the loss (TAPE's last layer), so
+The encoding owns its parameters: the model initialises its own weights (N(0, 0.02)) and never the encoding's, which
+keep PyTorch's module defaults unless ``init_weights`` sets them (as their authors release them: docs/encodings.md,
+"Initialisation as released"); ``init_weights`` also freezes (``requires_grad_(False)``) any parameter that can never reach the loss (TAPE's last layer), so
 that optimizers skip it and DistributedDataParallel needs no per-step search for unused parameters.
 
 Options are declared once, in ``OPTIONS`` (``posbench.options.Option``: default, help, valid range); they are
@@ -95,6 +96,10 @@ class PositionalEncoding(Configurable, nn.Module):
     #: the options a task may give (``Option(..., from_task=True, task_optional=True)``): kept at their default
     #: where it gives none
     task_hints: ClassVar[tuple[str, ...]] = ()
+    #: options under which an evaluation pass is a function of its input alone; the contract checks (and the
+    #: shared property tests) build the encoding with them. RandPE: ``{"eval_random": False}`` (its evaluation
+    #: draws random positions in every pass, so no two passes agree; its own tests check that path)
+    deterministic_options: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -111,7 +116,8 @@ class PositionalEncoding(Configurable, nn.Module):
 
     # ---- hooks (defaults: no positional signal, state unchanged) -------------------------------------
     def init_weights(self) -> None:
-        """Called after the model's N(0, 0.02) init of every Linear/Embedding: special inits, and freezing the
+        """Called once the model is built: the encoding's own inits (the model never initialises the encoding's
+        parameters; PyTorch's module defaults stand unless this sets them), and freezing the
         parameters that can never reach the loss (``requires_grad_(False)``; they stay in the state dict)."""
 
     def init_state(self, positions: Tensor, tokens: Tensor, memory: dict[str, Tensor] | None) -> Any:

@@ -59,6 +59,8 @@ class RandPE(RoPE):
                             at_least(0)),
     }
 
+    deterministic_options = {"eval_random": False}
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         factor = max(float(self.options["range_factor"]), float(self.options["eval_length_factor"]))

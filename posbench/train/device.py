@@ -125,7 +125,7 @@ def autocast(device: torch.device, precision: str):
 def device_name(device: torch.device) -> str:
     """The GPU's name, or the CPU's model with the instruction set torch's kernels use on it, e.g.
     ``AMD EPYC (AVX512)``: the same run on two CPU models can round differently (an Intel Xeon and an AMD EPYC did,
-    both AVX512 to torch: docs/studies/cpu.md), so a run records which."""
+    both AVX512 to torch: docs/studies/cpu/v1.md), so a run records which."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

@@ -1,0 +1,234 @@
+"""Can each learned position parameter learn within a preset's budget? (``posbench check ENCODING``)
+
+An encoding whose learned parameters start so small, or are scaled so little, that the whole training budget
+cannot move the attention logits by a unit ranks the harness, not the encoding (T5's bias drawn from N(0, 0.02)
+moved its near-minus-far bias by at most 0.4 logits in 300 steps). A *position parameter* is one learned unit of
+the encoding: the parameters of one element of a per-layer list (T5's table of a layer, FIRE's MLP with its c and
+L of a layer, DAPE's MLP of a layer, KERPLE's (r1, r2), TAPE's updates of a layer), or a parameter outside such a
+list (CoPE's embeddings, Abacus's table). On a model of the preset's shape (its own options, the task's context)
+and one sequence of random tokens at the training length, in evaluation mode, for each:
+
+- **effect**: how much it shapes the attention now: the largest change, when it is set to zero, of any logit
+  relative to its row's diagonal (``s[i, j] - s[i, i]`` for every layer, head, query i and visible key j: a
+  change that moves a whole row alike changes no attention weight, so it does not count);
+- **reach**: how far the budget can move that. Adam moves an element by about its learning rate per step at
+  most, so over the budget by the summed learning rate S = the sum over steps of lr x schedule(step) (its
+  parameter group's). Every parameter of the encoding is moved by S per element at once, each element in the
+  direction that widens the logits' near-minus-far gap (the sign of its gradient; +1 where the gradient is zero,
+  so a parameter behind a zero-initialised one still moves), and the reach of a position parameter is the
+  largest change its own move makes (everything moved, against everything but it moved), measured as the
+  effect is. For a bias table entry with a fixed scale this is up to 2 x S x the scale (the entry of the
+  diagonal and the entry of a far key each move S x the scale, in opposite directions).
+
+An encoding that adds to the token embeddings (its ``embed`` hook: Abacus) acts on the attention only through
+the model's own normalised projections, which bound every logit at initialisation whatever the input; its units
+are measured where they act instead: the largest change of what it adds to a token's embedding, in units of the
+token embeddings' root mean square (the rule's one unit is then "as large as a token embedding").
+
+The rule: a position parameter **fails** when it is frozen but changes the attention, when the optimizer skips
+one of its tensors, or when its reach is below ``MIN_REACH`` = 1 logit. One that is frozen and changes nothing
+(TAPE's last layer, whose state is discarded) passes as unused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posbench.checks.outcome import CheckFailed, Report
+from posbench.encodings.base import PositionalEncoding
+
+#: the least reach (logits) a learned position parameter must have within the budget
+MIN_REACH = 1.0
+
+
+def default_task(encoding_cls: Any) -> str:
+    """The task a check's budget comes from: perplexity, or the first that gives what the encoding needs."""
+    from posbench.tasks import TASKS
+
+    for name in ("perplexity", *TASKS):
+        task = TASKS[name]
+        context = task.encoding_context(task.defaults())
+        if task.needs_model and name != "bench" and all(key in context for key in encoding_cls.task_context):
+            return name
+    raise CheckFailed(f"no task gives {', '.join(encoding_cls.task_context)}, which the encoding needs")
+
+
+def summed_lr(train: Any) -> float:
+    """Sum over the budget's steps of the learning rate times its schedule (warmup, then the decay)."""
+    from posbench.train.optim import lr_lambda
+
+    factor = lr_lambda(train)
+    return train.lr * sum(factor(step) for step in range(train.steps))
+
+
+def check_learnable(report: Report, name: str, task: str | None = None, preset: str | None = None) -> None:
+    """One check per learned parameter of encoding ``name`` (see the module docstring), within the budget of
+    ``task``'s ``preset`` (default: perplexity, or the first task that gives what the encoding needs; the task's
+    default preset)."""
+    from posbench.encodings import ENCODINGS
+    from posbench.model import Transformer
+    from posbench.runs.config import resolve_run_config
+    from posbench.tasks import TASKS
+    from posbench.train.config import TrainConfig
+    from posbench.train.optim import make_optimizer
+
+    cls = ENCODINGS.get(name)
+    task = task or default_task(cls)
+    config = resolve_run_config(task, name, preset)
+    train = TrainConfig(**config.train)
+    shape = TASKS[task](config).model_config()          # the preset's model, as the task builds it
+    shape.attention = "eager"
+    shape.encoding_options = {**shape.encoding_options, **cls.deterministic_options}
+    torch.manual_seed(0)
+    model = Transformer(shape).eval()
+    params = dict(model.encoding.named_parameters())
+    if not params:              # nothing learned, nothing to check
+        return
+    length = model.config.max_seq_len
+    tokens = torch.randint(0, shape.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+    groups = {id(p): group for group in make_optimizer(model, train).param_groups for p in group["params"]}
+    budget = f"{task} preset '{config.preset}': {train.steps} steps"
+    factor = summed_lr(train) / train.lr if train.lr else 0.0
+    moved = moved_parameters(model, params, tokens, {n: factor * groups[id(p)]["lr"] if id(p) in groups else
+                                                     factor * train.lr for n, p in params.items()})
+    on_embeddings = type(model.encoding).embed is not PositionalEncoding.embed
+    measure = partial(added_to_embeddings if on_embeddings else logits_of, model, tokens)
+    change = largest_embedding_change if on_embeddings else largest_change
+    unit_name = "token-embedding RMS" if on_embeddings else "logits"
+    with torch.no_grad():
+        base = measure()
+        with replaced(params, moved):
+            all_moved = measure()
+        for unit, names in position_parameters(params).items():
+            with replaced(params, {n: torch.zeros_like(params[n]) for n in names}):
+                effect = change(measure(), base)
+            with replaced(params, {**moved, **{n: params[n].detach() for n in names}}):
+                reach = change(all_moved, measure())
+            step = max((moved[n] - params[n]).abs().max().item() for n in names)
+            frozen = all(not params[n].requires_grad for n in names)
+            skipped = [n for n in names if params[n].requires_grad and id(params[n]) not in groups]
+            report.run(f"learns {unit} within the {budget}",
+                       lambda e=effect, r=reach, s=step, f=frozen, k=skipped: verdict(e, r, s, f, k, unit_name))
+
+
+def position_parameters(params: dict[str, Tensor]) -> dict[str, list[str]]:
+    """The encoding's learned units: parameter names grouped by the element of a per-layer list they belong to
+    (``layers.0.mlp.0.weight`` -> ``layers.0``), a parameter outside any list alone (``pos_emb``)."""
+    units: dict[str, list[str]] = {}
+    for name in params:
+        parts = name.split(".")
+        index = next((i for i, part in enumerate(parts) if part.isdigit()), None)
+        unit = ".".join(parts[:index + 1]) if index is not None else parts[0]
+        units.setdefault(unit, []).append(name)
+    return units
+
+
+def verdict(effect: float, reach: float, step: float, frozen: bool, skipped: list[str], unit: str = "logits") -> str:
+    detail = f"effect {effect:.3g} {unit}, reach {reach:.3g} (every element moved {step:.3g})"
+    if frozen:
+        if max(effect, reach) > 0:
+            raise CheckFailed(f"frozen (requires_grad=False) but it changes the attention: {detail}")
+        return "unused: frozen, and it changes no attention weight"
+    if skipped:
+        raise CheckFailed(f"the optimizer skips {', '.join(skipped)}: {detail}")
+    if not reach >= MIN_REACH:
+        raise CheckFailed(f"the budget can move its effect by at most {reach:.3g} {unit} (< {MIN_REACH:g}): "
+                          f"{detail}; initialise or scale it as its authors release it")
+    return detail
+
+
+def moved_parameters(model, params: dict[str, Tensor], tokens: Tensor, steps: dict[str, float]) -> dict[str, Tensor]:
+    """Every parameter moved by its summed step size per element, in the direction that widens the near-minus-far
+    gap of the logits (+1 where the gradient is zero)."""
+    with torch.enable_grad():
+        trainable = {n: p for n, p in params.items() if p.requires_grad}
+        total = torch.stack([near_minus_far(s) for s in recorded_logits(model, tokens)]).sum()
+        grads = torch.autograd.grad(total, list(trainable.values()), allow_unused=True) if total.requires_grad \
+            else [None] * len(trainable)
+    direction = {n: (torch.ones_like(p) if g is None else torch.where(g == 0, 1.0, g.sign()))
+                 for (n, p), g in zip(trainable.items(), grads)}
+    return {n: (p + steps[n] * direction.get(n, torch.ones_like(p))).detach() for n, p in params.items()}
+
+
+def near_minus_far(scores: Tensor) -> Tensor:
+    """The mean over the later half of the queries of (logit of the query's own key - logit of the first key)."""
+    n = scores.shape[-1]
+    rows = torch.arange(n // 2, n, device=scores.device)
+    return (scores[..., rows, rows] - scores[..., rows, 0]).mean()
+
+
+def largest_change(a: list[Tensor], b: list[Tensor]) -> float:
+    """The largest |difference| of any visible logit relative to its row's diagonal (``s[i, j] - s[i, i]``, keys
+    up to the query: what softmax sees)."""
+    worst = 0.0
+    for x, y in zip(a, b):
+        n = x.shape[-1]
+        visible = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        diff = (relative_to_diagonal(x) - relative_to_diagonal(y)).abs().masked_fill(~visible, 0)
+        worst = max(worst, float(diff.max()))
+    return worst
+
+
+def relative_to_diagonal(scores: Tensor) -> Tensor:
+    return scores - scores.diagonal(dim1=-2, dim2=-1)[..., None]
+
+
+def largest_embedding_change(a: list[Tensor], b: list[Tensor]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def added_to_embeddings(model, tokens: Tensor) -> list[Tensor]:
+    """What the encoding adds to the token embeddings, in units of their root mean square."""
+    x = model.embed(tokens)
+    positions = torch.arange(tokens.shape[1])
+    added = model.encoding.embed(x, model.encoding.init_state(positions, tokens, None)) - x
+    return [added / x.pow(2).mean().sqrt()]
+
+
+def logits_of(model, tokens: Tensor) -> list[Tensor]:
+    with torch.no_grad():
+        return [s.detach() for s in recorded_logits(model, tokens)]
+
+
+def recorded_logits(model, tokens: Tensor) -> list[Tensor]:
+    """The attention logits of every layer, ``[B, H, N, N]`` float32 (q . k / sqrt(D) plus the encoding's bias)."""
+    import posbench.model.transformer as transformer
+    from posbench.model.bias import ScoreBias
+
+    original, recorded = transformer.attend, []
+
+    def recording(q, k, v, bias=None, backend_name="auto", **kw):
+        scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if isinstance(bias, ScoreBias):
+            bias = bias.materialise(q.shape[1], kw["q_pos"], kw["k_pos"])
+        recorded.append(scores if bias is None else scores + bias.float())
+        return original(q, k, v, bias, backend_name, **kw)
+
+    transformer.attend = recording
+    try:
+        model(tokens)
+    finally:
+        transformer.attend = original
+    return recorded
+
+
+@contextmanager
+def replaced(params: dict[str, Tensor], values: dict[str, Tensor]) -> Iterator[None]:
+    """The parameters ``values`` names hold those values inside the block, their own after it."""
+    saved = {n: params[n].detach().clone() for n in values}
+    try:
+        with torch.no_grad():
+            for n, v in values.items():
+                params[n].copy_(v)
+        yield
+    finally:
+        with torch.no_grad():
+            for n, v in saved.items():
+                params[n].copy_(v)
