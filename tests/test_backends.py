@@ -245,8 +245,15 @@ def test_auto_never_picks_an_invalid_backend(has_bias, needs_grad, flash_install
     assert resolve_backend("auto", has_bias, CUDA, needs_grad, head_dim=8) != "flex"
     for name in ("eager", "sdpa", "sdpa_split"):
         assert resolve_backend(name, has_bias, CPU, needs_grad) == name
-    with pytest.raises(BackendError, match="flash_attn.*needs flash-attn, CUDA, no logit bias and no padded batch"):
+    with pytest.raises(BackendError, match="flash_attn.*needs flash-attn, CUDA, float16 or bfloat16, no logit bias "
+                                           "and no padded batch"):
         resolve_backend("flash_attn", has_bias, CPU, needs_grad)
+    # flash_attn_func takes half precision only: float32 on CUDA never goes to it (issue 35)
+    assert resolve_backend("auto", has_bias, CUDA, needs_grad, dtype=torch.float32) != "flash_attn"
+    if flash_installed and not has_bias:
+        assert resolve_backend("auto", has_bias, CUDA, needs_grad, dtype=torch.bfloat16) == "flash_attn"
+        with pytest.raises(BackendError, match="float16 or bfloat16"):
+            resolve_backend("flash_attn", has_bias, CUDA, needs_grad, dtype=torch.float32)
     with pytest.raises(BackendError, match="head size of at least 16"):
         resolve_backend("flex", has_bias, CUDA, needs_grad, head_dim=8)
 

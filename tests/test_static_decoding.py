@@ -77,3 +77,29 @@ def test_a_static_cache_refuses_more_tokens_than_its_capacity():
     cache = model.new_static_cache(4)
     with torch.no_grad(), pytest.raises(ValueError, match="capacity 4"):
         model(tokens(1, 6), cache=cache)
+
+
+def test_what_a_step_leaves_in_the_cache_memory_outlives_the_next_step():
+    """Under CUDA graphs (``reduce-overhead``) every output of the captured step, what it writes into the cache's
+    memory for the encoding included, is overwritten when the graph replays. Emulated on a CPU: a step whose
+    outputs of the previous call are scribbled over when the next call begins. Abacus keeps each row's digit run
+    in the memory; the decoder must copy it out, and then decodes exactly what recomputation decodes (issue 35)."""
+    from posbench.model.generate import next_token
+
+    model = tiny("abacus").eval()
+    digits = torch.tensor(model.encoding.options["digit_ids"])
+    prompt = digits[torch.randint(0, 10, (2, 6), generator=torch.Generator().manual_seed(3))]
+    expected = model.generate(prompt, 12, use_cache=False)
+    decoder = Decoder(model)
+    produced: list[torch.Tensor] = []
+
+    def replaying_step(m, token, cache):
+        for t in produced:                  # what the graph's previous replay returned is reused memory now
+            t.fill_(-7)
+        produced.clear()
+        out = next_token(m, token, cache)
+        produced.extend([out, *cache.memory.values()])
+        return out
+
+    decoder.step = replaying_step
+    assert torch.equal(decoder.generate(prompt, 12), expected)

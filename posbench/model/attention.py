@@ -314,12 +314,16 @@ def flash_attn_backend(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, 
     return torch.cat(chunks, dim=-1).transpose(1, 2)
 
 
+#: the dtypes flash_attn_func takes
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
 def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool, head_dim: int = 64,
                    value_dim: int | None = None, n_queries: int | None = None, contextual: bool = False,
-                   padded_batch: bool = False) -> list[str]:
+                   padded_batch: bool = False, dtype: torch.dtype | None = None) -> list[str]:
     """Backends that can run this attention, fastest first; ``auto`` picks the first. ``contextual``: the bias
     is a tensor computed from q and k (only backends that take a materialised bias); ``padded_batch``: a key mask
-    (not flash_attn)."""
+    (not flash_attn); ``dtype``: the tensors' (flash_attn takes float16 and bfloat16 only; None: not known)."""
     if contextual:
         return list(CONTEXTUAL_BACKENDS)
     value_dim = head_dim if value_dim is None else value_dim
@@ -327,7 +331,8 @@ def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool, head_
     flex_ok = FLEX_AVAILABLE and (cuda or not needs_grad) and \
         (not cuda or min(head_dim, value_dim) >= FLEX_MIN_HEAD_DIM)
     names = []
-    if cuda and flash_attn_available() and not has_bias and not padded_batch:
+    half = dtype is None or dtype in HALF_DTYPES
+    if cuda and half and flash_attn_available() and not has_bias and not padded_batch:
         names.append("flash_attn")
     if cuda and has_bias and flex_ok and (n_queries is None or n_queries >= FLEX_MIN_QUERIES):
         names.append("flex")                          # the bias inside the kernel: no N x N tensor
@@ -340,8 +345,9 @@ def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool, head_
 
 def resolve_backend(name: str, has_bias: bool, device: torch.device, needs_grad: bool, head_dim: int = 64,
                     value_dim: int | None = None, n_queries: int | None = None, contextual: bool = False,
-                    padded_batch: bool = False) -> str:
-    valid = valid_backends(has_bias, device, needs_grad, head_dim, value_dim, n_queries, contextual, padded_batch)
+                    padded_batch: bool = False, dtype: torch.dtype | None = None) -> str:
+    valid = valid_backends(has_bias, device, needs_grad, head_dim, value_dim, n_queries, contextual, padded_batch,
+                           dtype)
     if name == "auto":
         return valid[0]
     if name not in BACKENDS:
@@ -350,7 +356,7 @@ def resolve_backend(name: str, has_bias: bool, device: torch.device, needs_grad:
         if contextual:
             why = CONTEXTUAL_WHY
         elif name == "flash_attn":
-            why = "it needs flash-attn, CUDA, no logit bias and no padded batch"
+            why = "it needs flash-attn, CUDA, float16 or bfloat16, no logit bias and no padded batch"
         elif device.type == "cuda":
             why = f"FlexAttention needs a head size of at least {FLEX_MIN_HEAD_DIM} on CUDA"
         else:
@@ -378,7 +384,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Bias = None, backend_name: str
         (isinstance(bias, Tensor) and bias.requires_grad) or
         (isinstance(bias, ScoreBias) and any(t.requires_grad for t in bias.tensors)))
     name = resolve_backend(backend_name, bias is not None, q.device, needs_grad, q.shape[-1], v.shape[-1],
-                           q.shape[-2], contextual, key_mask is not None)
+                           q.shape[-2], contextual, key_mask is not None, q.dtype)
     if name == "flex":
         return flex_attention_backend(q, k, v, bias, q_pos, k_pos, aligned, key_mask)
     return BACKENDS[name](q, k, v, bias, q_pos, k_pos, key_mask=key_mask)

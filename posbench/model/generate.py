@@ -283,10 +283,15 @@ class Decoder:
         return cache, self.model(prompt, cache=cache, attention_mask=attention_mask)[:, -1].argmax(-1)
 
     def next(self, token: Tensor, cache: StaticCache) -> Tensor:
-        """The token after ``token [B]`` (one compiled step)."""
+        """The token after ``token [B]`` (one compiled step). What the step returns, and what it left in the
+        cache's ``memory`` for the encoding (Abacus's digit run), are outputs of a captured CUDA graph under
+        ``reduce-overhead``, overwritten by its next replay: both are copied out before the next step."""
         if self.compiled and token.is_cuda:
             torch.compiler.cudagraph_mark_step_begin()
-        return self.step(self.model, token[:, None], cache).clone()
+        out = self.step(self.model, token[:, None], cache).clone()
+        for key, value in cache.memory.items():
+            cache.memory[key] = value.clone()
+        return out
 
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, eos_id: int | None = None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from posbench.runs.store import (CHECKPOINT_DIR, RunLock, new_run_dir, now_iso, 
                                  remove_unstarted, write_config, write_phase, write_predictions)
 from posbench.train import distributed
 from posbench.train.checkpoint import checkpoint_path
+from posbench.train.compile_watch import EagerFallbacks
 from posbench.train.config import TrainConfig
 from posbench.train.device import autocast, pick_device, resolve_precision, setup_device
 from posbench.train.seeds import seed_everything
@@ -89,14 +91,16 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
         if fresh and main:
             remove_unstarted(run_dir, out_root)
         raise
+    fallbacks = EagerFallbacks()
     try:
-        trained = run_phases(task, model, run_dir, device, reporter, callbacks, loggers)
-        precision = resolve_precision(train_cfg.precision, device)
-        eval_start = time.perf_counter()
-        if model is not None:
-            model.eval()
-        with torch.no_grad(), autocast(device, precision):
-            evaluation = task.evaluate(model, device, reporter, trained)
+        with fallbacks:
+            trained = run_phases(task, model, run_dir, device, reporter, callbacks, loggers)
+            precision = resolve_precision(train_cfg.precision, device)
+            eval_start = time.perf_counter()
+            if model is not None:
+                model.eval()
+            with torch.no_grad(), autocast(device, precision):
+                evaluation = task.evaluate(model, device, reporter, trained)
     except BaseException:
         for logger in loggers:
             logger.close()
@@ -113,11 +117,15 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
         model_config=model.config.to_dict() if model is not None else {}, training=training,
         timings=Timings(round(training.get("train_s", 0.0), 3), round(eval_s, 3),
                         round(time.perf_counter() - started, 3), round(training.get("tokens_per_s", 0.0), 1)),
-        environment=environment_info(device, precision), seeds={**seeds, **task.seeds()},
+        environment={**environment_info(device, precision),
+                     **({"compile_fallbacks": fallbacks.found} if fallbacks.found else {})},
+        seeds={**seeds, **task.seeds()},
         model={**model_facts(model, run_dir), **task.finish(model, run_dir)}, init=init_record,
         data=task.data_info(), evaluation=dict(evaluation.info), created=stored.get("created"), finished=now_iso(),
         command=list(stored.get("command") or command or []), posbench=code,
         predictions="predictions.jsonl" if n_predictions else None, n_predictions=n_predictions)
+    if fallbacks.note():
+        print(fallbacks.note(), file=sys.stderr)
     for logger in loggers:
         logger.finish({name: m.value for name, m in record.metrics.items()})
     write_record(run_dir, record)
