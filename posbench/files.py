@@ -107,6 +107,17 @@ def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:
     return count
 
 
+def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """Append ``rows`` as JSON lines in one write, flushed to the disk before this returns (a file other processes
+    read while it grows, and a kill after it keeps them)."""
+    text = "".join(json.dumps(row, default=json_default) + "\n" for row in rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]

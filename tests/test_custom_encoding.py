@@ -61,7 +61,7 @@ def test_readme_example_registers_builds_and_trains():
         assert isinstance(model.encoding, cls)
         assert model.config.encoding_options == {"max_positions": 512}
         assert model.encoding.table.weight.shape == (512, model.config.d_model)
-        assert model.encoding.table.weight.std().item() < 0.03   # the model's N(0, 0.02) init covers it
+        assert 0.015 < model.encoding.table.weight.std().item() < 0.025   # its own init_weights: N(0, 0.02)
         small = Transformer(ModelConfig(vocab_size=30, d_model=32, n_layers=1, n_heads=4, encoding="learned",
                                         encoding_options={"max_positions": 64}))
         train_one_step(small, 30)

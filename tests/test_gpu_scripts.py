@@ -1,14 +1,19 @@
-"""The GPU scripts (benchmarks/gpu/run.sh) end to end on this CPU with a tiny model (issue 23, items 2 and 5): each
-part first checks that posbench imports and stops naming what is missing, every bench's cells reach $OUT, and a
-compiled bench of all 13 encodings in one process records every one as compiled (a fresh compiler per cell; a
-hit recompile limit is an error, never a silent eager run)."""
+"""The GPU call (benchmarks/gpu/run.sh) end to end on this CPU with a tiny model (issues 23 and 35): it first checks
+that posbench imports and stops naming what is missing, runs its phases within its budget, writes every bench cell
+to $OUT the moment it finishes (a kill -9 at a random moment keeps them all), and a compiled bench of all 13
+encodings in one process records every one as compiled (a fresh compiler per cell; a hit recompile limit is an
+error, never a silent eager run)."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,41 +29,87 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu" / "run.sh"
 
 
-def run_part(tmp_path: Path, *part: str, pythonpath: str = "") -> subprocess.CompletedProcess:
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "SIZE": "tiny",
-           "DEVICE": "cpu", "PYTHON": sys.executable, "PYTHONPATH": pythonpath}
-    return subprocess.run(["bash", str(SCRIPT), *part], env=env, capture_output=True, text=True, timeout=400)
+def script_env(tmp_path: Path, pythonpath: str = "", **extra: str) -> dict[str, str]:
+    return {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "SIZE": "tiny",
+            "DEVICE": "cpu", "PYTHON": sys.executable, "PYTHONPATH": pythonpath, **extra}
 
 
-def cells(path: Path) -> list[dict]:
-    return json.loads(path.read_text())["evaluation"]["bench"]["cells"]
+def run_call(tmp_path: Path, pythonpath: str = "", **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT)], env=script_env(tmp_path, pythonpath, **extra), capture_output=True,
+                          text=True, timeout=400)
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
-def test_the_gpu_scripts_run_end_to_end_on_the_cpu(tmp_path):
+def test_the_gpu_call_runs_end_to_end_on_the_cpu(tmp_path):
+    done = run_call(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
     out = tmp_path / "out"
-    for part in ("train", "compiled", "tests"):
-        done = run_part(tmp_path, part)
-        assert done.returncode == 0, done.stdout + done.stderr
-    assert "every module imports" in (out / "env.txt").read_text()
-    some = ["alibi", "cope", "rope", "tape"]          # tiny mode: RoPE and three; the compiled training bench: all
-    for name, expected in (("train-short", some), ("train-long", some), ("compiled-short", sorted(ENCODINGS)),
-                           ("decode", some), ("decode-compiled", some)):
-        found = cells(out / f"bench-{name}.json")
-        assert sorted(c["encoding"] for c in found) == expected and all(c["status"] == "ok" for c in found), name
-    for name in ("compiled-short", "decode-compiled"):         # in one process, each one compiled
-        found = cells(out / f"bench-{name}.json")
-        assert all(c["compiled"] is True and c["graphs"] >= 1 and c["graph_breaks"] == 0 for c in found), found
-    assert all(c["compiled"] is None for c in cells(out / "bench-train-short.json"))
-    assert "skipped" in (out / "pytest-gpu.log").read_text()        # no CUDA here: every GPU test skips
-    assert len(list(out.iterdir())) <= 8 + 2                        # what one call brings back, per part <= 8
+    assert sorted(p.name for p in out.iterdir()) == ["cells.jsonl", "env.txt", "run.log", "tests.log"]  # <= 8 come back
+    env = (out / "env.txt").read_text()
+    assert "every module imports" in env and "torch.compile smoke test on cpu: ok" in env
+    found = jsonl(out / "cells.jsonl")
+    some = ["alibi", "cope", "rope", "tape"]             # tiny mode: RoPE and three, in each of the three benches
+    by_bench = {}
+    for cell in found:
+        by_bench.setdefault((cell["mode"], cell["length"]), []).append(cell["encoding"])
+    assert {k: sorted(v) for k, v in by_bench.items()} == {("train", 16): some, ("train", 32): some,
+                                                            ("decode", 16): some}
+    assert all(c["status"] == "ok" for c in found)
+    log = (out / "run.log").read_text()
+    for phase in ("tests first", "tests others", "bench train-1024", "bench memory-8k", "bench decode"):
+        assert f"{phase}: exit 0" in log, log
+    tests = (out / "tests.log").read_text()
+    assert "test_gpu_first.py" in tests and "test_gpu.py" in tests and "skipped" in tests   # no CUDA here
 
 
-def test_a_part_stops_at_once_naming_what_does_not_import(tmp_path):
+@pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
+def test_the_call_stays_within_its_budget_and_says_what_it_skipped(tmp_path):
+    text = SCRIPT.read_text()
+    assert "BUDGET=${BUDGET:-540}" in text                       # 9 minutes of the 10 a command may take
+    limits = [int(n) for n in re.findall(r"^(?:tests|bench) \S+ (\d+) ", text, re.M)]
+    assert len(limits) == 5 and sum(limits) <= 540 - 20           # the phases' limits and the environment fit
+    done = run_call(tmp_path, BUDGET="14")                       # less than any phase needs: every one skipped
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = (tmp_path / "out" / "run.log").read_text()
+    assert log.count(": skipped, ") == 5 and "done in" in log
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
+def test_a_kill_at_a_random_moment_keeps_every_finished_cell(tmp_path):
+    """kill -9 of the whole call at a random moment once the benches have begun: every cell a bench had finished
+    (its own run directory's cells.jsonl, written just after the append) is in $OUT/cells.jsonl, every line whole."""
+    delay = random.Random().uniform(0.0, 4.0)
+    proc = subprocess.Popen(["bash", str(SCRIPT)], env=script_env(tmp_path), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    cells = tmp_path / "out" / "cells.jsonl"
+    try:
+        deadline = time.monotonic() + 300
+        while not cells.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(delay)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    kept = jsonl(cells)                                          # every line parses: none half-written
+    key = lambda c: (c["run"], c["encoding"], c["length"])      # noqa: E731
+    finished = [c for path in (tmp_path / "work").rglob("cells.jsonl") for c in jsonl(path)]
+    assert finished, "no bench had finished a cell"
+    for path in (tmp_path / "work").rglob("cells.jsonl"):
+        run = path.parent.name
+        for cell in jsonl(path):
+            assert (run, cell["encoding"], cell["length"]) in {key(c) for c in kept}, (delay, cell)
+    assert "tests first: exit 0" in (tmp_path / "out" / "run.log").read_text()
+
+
+def test_the_call_stops_at_once_naming_what_does_not_import(tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "pydantic_core.py").write_text("raise ImportError('pydantic-core 9.9 is not the one pydantic pins')\n")
-    done = run_part(tmp_path, "train", pythonpath=str(broken))
+    done = run_call(tmp_path, pythonpath=str(broken))
     assert done.returncode == 1
     env = (tmp_path / "out" / "env.txt").read_text()
     assert "MISSING pydantic_core: ImportError: pydantic-core 9.9" in env

@@ -1,86 +1,92 @@
 #!/usr/bin/env bash
-# The GPU measurements of issue 23, as three device calls of at most 540 s each (a fourth, per encoding, for the
-# arithmetic gpu preset). Here first: `bash benchmarks/gpu/fetch_wheels.sh`. Then one device call per part:
-#   run(command="bash benchmarks/gpu/run.sh tests",    carry=[".whl"], timeout_s=600)   # pytest -m gpu
-#   run(command="bash benchmarks/gpu/run.sh train",    carry=[".whl"], timeout_s=600)   # 16 x 1024, 1 x 8192
-#   run(command="bash benchmarks/gpu/run.sh compiled", carry=[".whl"], timeout_s=600)   # compiled; decoding
-#   run(command="bash benchmarks/gpu/run.sh arithmetic rope", carry=[".whl"], timeout_s=600)   # then tape
-# Every part first installs the carried wheels and checks that posbench imports (benchmarks/gpu/check_env.py,
-# which names what is missing), and stops there if not. Every bench cell is written to its run's cells.jsonl as
-# it finishes, and each bench's cells (result.json once it ends) are copied to $OUT right after it, whether it
-# ended or was stopped by its timeout; pytest runs verbose into $OUT/pytest-gpu.log, one line per test as it
-# finishes. At most 8 files come back per call: each part writes 6 or fewer.
-# SIZE=tiny DEVICE=cpu runs the same commands on a CPU with a tiny model in seconds (tests/test_gpu_scripts.py;
-# there only the compiled training bench times all 13 encodings, the others three).
+# Fifteen minutes of GPU, one call (issue 35): the most valuable measurements first, the whole call within
+# BUDGET seconds (540: 9 minutes), every result written under $OUT the moment it exists, so that a kill at any
+# minute leaves everything finished so far. Here first: `bash benchmarks/gpu/fetch_wheels.sh`. Then:
+#
+#   run(command="bash benchmarks/gpu/run.sh", carry=[".whl"], timeout_s=600)
+#
+# The plan (each phase stops at its own limit, or earlier when the budget runs out; a phase with under 15 s left
+# is skipped and says so):
+#   1. environment   the carried wheels installed, every module imports, a torch.compile smoke test (check_env.py)
+#   2. first tests   tests/test_gpu_first.py: CUDA-graph capture, compiled Triton FlexAttention forward/backward
+#                    with posbench's kernel options, flash-attn, the CUDA-event timer, TF32           <= 120 s
+#   3. other tests   pytest -m gpu tests/test_gpu.py (backends, compiled models, decoding, padding)    <= 100 s
+#   4. train speed   every encoding at the paper size (12 x 768), 16 x 1024, eager                    <= 130 s
+#   5. memory at 8k  every encoding, 1 x 8192 tokens, peak GiB                                          <= 90 s
+#   6. decoding      ms per new token after a 1,024-token prompt, every encoding                        <= 60 s
+# What comes back ($OUT, 4 files; at most 8 may):
+#   env.txt      python, torch, CUDA, the device; what does not import; the compile smoke test
+#   run.log      each phase's start, limit and exit, and the benches' output
+#   tests.log    pytest -v, one line per test as it finishes (first tests, then the others)
+#   cells.jsonl  every bench cell, one JSON line, appended the moment it finishes (``posbench bench --cells-to``)
+# SIZE=tiny DEVICE=cpu runs the same plan on a CPU with a tiny model in about a minute (tests/test_gpu_scripts.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-PART=${1:?usage: run.sh tests|train|compiled|arithmetic ENCODING}
 OUT=${OUT:-/tmp/posbench-gpu-out}
 SIZE=${SIZE:-gpu}
 DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
 WORK=${WORK:-/tmp/posbench-gpu-work}
+BUDGET=${BUDGET:-540}
 mkdir -p "$OUT" "$WORK"
-export PYTHONUNBUFFERED=1
-LOG="$OUT/$PART.log"
+export PYTHONUNBUFFERED=1 OUT
+LOG="$OUT/run.log"
+START=$SECONDS
 
+left() { echo $((BUDGET - (SECONDS - START))); }
+
+phase() {  # name, most seconds, then the command: run within what is left of the budget
+  local name=$1 most=$2 limit
+  shift 2
+  limit=$(left)
+  (( limit > most )) && limit=$most
+  if (( limit < 15 )); then
+    echo "$(date -u +%T) $name: skipped, $(left) s of the budget left" >> "$LOG"
+    return 0
+  fi
+  echo "$(date -u +%T) $name: start, at most $limit s" >> "$LOG"
+  timeout -k 5 "$limit" "$@"
+  local code=$?
+  echo "$(date -u +%T) $name: exit $code$( ((code == 124 || code == 137)) && echo ' (stopped at its limit)')" >> "$LOG"
+}
+
+echo "$(date -u +%T) posbench GPU call: SIZE=$SIZE DEVICE=$DEVICE BUDGET=${BUDGET}s" >> "$LOG"
 if ls .whl/*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "error: the carried wheels do not install" | tee "$LOG"; exit 1; }
+    || { echo "error: the carried wheels do not install" | tee -a "$LOG"; exit 1; }
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
-"$PY" benchmarks/gpu/check_env.py 2>&1 | tee "$LOG" || exit 1
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$LOG"
+"$PY" benchmarks/gpu/check_env.py --device "$DEVICE" >> "$LOG" 2>&1 || { echo "environment: see env.txt" >> "$LOG"; exit 1; }
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/env.txt"
 
-if [[ "$SIZE" == "tiny" ]]; then     # the plumbing, on a CPU in seconds
+if [[ "$SIZE" == "tiny" ]]; then     # the plan's plumbing on a CPU
   SHAPE=(--size small --threads 1 --steps 1 --warmup 1)
-  L1=(--lengths 16 --batch 2); L2=(--lengths 32 --batch 1); DEC=(--lengths 16 --batch 1 --new-tokens 4)
-  COMPILE=(--compile --compile-backend eager); BIG_TIMEOUT=120; SMALL_TIMEOUT=60
-  SOME=(-e alibi,cope,tape)          # the compiled training bench still times all 13 in one process
+  SHORT=(--lengths 16 --batch 2); LONG=(--lengths 32 --batch 1); DECODE=(--lengths 16 --batch 1 --new-tokens 4)
+  SOME=(-e alibi,cope,tape)
 else
-  SHAPE=(--size paper)
-  L1=(--lengths 1024 --batch 16); L2=(--lengths 8192 --batch 1 --steps 5 --warmup 2)
-  DEC=(--lengths 1024 --batch 1 --steps 5 --warmup 1); COMPILE=(--compile); BIG_TIMEOUT=240; SMALL_TIMEOUT=110
+  SHAPE=(--size paper --steps 5 --warmup 2)
+  SHORT=(--lengths 1024 --batch 16); LONG=(--lengths 8192 --batch 1); DECODE=(--lengths 1024 --batch 1)
   SOME=()
 fi
 
-bench() {  # name, seconds, then posbench bench arguments: the cells go to $OUT/bench-<name>.json(l) at once
-  local name=$1 seconds=$2; shift 2
-  rm -rf "$WORK/$name"
-  timeout "$seconds" "$PY" -m posbench bench "${SHAPE[@]}" --device "$DEVICE" --quiet --out "$WORK/$name" "$@" \
-    >> "$LOG" 2>&1
-  echo "bench $name: exit $?" | tee -a "$LOG"
-  local run
-  run=$(ls -d "$WORK/$name"/bench/*/*/ 2>/dev/null | head -n 1)
-  if [[ -f "$run/result.json" ]]; then cp "$run/result.json" "$OUT/bench-$name.json"
-  elif [[ -f "$run/cells.jsonl" ]]; then cp "$run/cells.jsonl" "$OUT/bench-$name.jsonl"
-  else echo "bench $name: no cell finished" | tee -a "$LOG"; fi
+bench() {  # name, most seconds, then posbench bench arguments: each cell lands in $OUT/cells.jsonl as it finishes
+  local name=$1 most=$2
+  shift 2
+  phase "bench $name" "$most" "$PY" -m posbench bench "${SHAPE[@]}" --device "$DEVICE" --quiet \
+    --out "$WORK/$name" --cells-to "$OUT/cells.jsonl" "$@" >> "$LOG" 2>&1
 }
 
-case "$PART" in
-  tests)
-    timeout 500 "$PY" -m pytest -v -m gpu tests/test_gpu.py -p no:cacheprovider > "$OUT/pytest-gpu.log" 2>&1
-    code=$?
-    tail -n 25 "$OUT/pytest-gpu.log"
-    echo "pytest -m gpu: exit $code" | tee -a "$LOG" ;;
-  train)
-    bench train-short "$BIG_TIMEOUT" "${L1[@]}" "${SOME[@]}"
-    bench train-long "$BIG_TIMEOUT" "${L2[@]}" "${SOME[@]}" ;;
-  compiled)
-    bench compiled-short $((BIG_TIMEOUT + 40)) "${L1[@]}" "${COMPILE[@]}"
-    bench decode "$SMALL_TIMEOUT" --mode decode "${DEC[@]}" "${SOME[@]}"
-    bench decode-compiled $((SMALL_TIMEOUT + 20)) --mode decode "${DEC[@]}" "${COMPILE[@]}" "${SOME[@]}" ;;
-  arithmetic)
-    ENCODING=${2:?usage: run.sh arithmetic ENCODING}
-    rm -rf "$WORK/arithmetic"
-    if [[ "$SIZE" == "tiny" ]]; then PRESET=(--preset tiny --set train.steps=2 --set task.eval_samples=2); else PRESET=(--preset gpu); fi
-    timeout 500 "$PY" -m posbench run -e "$ENCODING" -t arithmetic "${PRESET[@]}" --device "$DEVICE" --quiet \
-      --out "$WORK/arithmetic" >> "$LOG" 2>&1
-    echo "arithmetic $ENCODING: exit $?" | tee -a "$LOG"
-    cp "$(ls "$WORK"/arithmetic/arithmetic/*/*/result.json 2>/dev/null | head -n 1)" "$OUT/arithmetic-$ENCODING.json" \
-      2>/dev/null || echo "arithmetic $ENCODING: no result" | tee -a "$LOG" ;;
-  *) echo "error: unknown part '$PART' (tests, train, compiled, arithmetic ENCODING)" >&2; exit 2 ;;
-esac
-echo "done: $(ls "$OUT" | tr '\n' ' ')" | tee -a "$LOG"
+tests() {  # name, most seconds, then pytest arguments: -v, one line per test into $OUT/tests.log as it finishes
+  local name=$1 most=$2
+  shift 2
+  phase "tests $name" "$most" "$PY" -m pytest -v -p no:cacheprovider -m gpu "$@" >> "$OUT/tests.log" 2>&1
+}
+
+tests first 120 tests/test_gpu_first.py
+tests others 100 tests/test_gpu.py
+bench train-1024 130 "${SHORT[@]}" "${SOME[@]}"
+bench memory-8k 90 "${LONG[@]}" "${SOME[@]}"
+bench decode 60 --mode decode "${DECODE[@]}" "${SOME[@]}"
+echo "$(date -u +%T) done in $((SECONDS - START)) s: $(ls "$OUT" | tr '\n' ' ')" >> "$LOG"

@@ -46,6 +46,8 @@ def bench(
                                                 "the MFU (known GPUs are recognised)."),
     threads: int = typer.Option(0, "--threads", help="CPU threads (0: the free cores)."),
     out_dir: Path = typer.Option(Path("results"), "--out", "-o", help="Results root directory."),
+    cells_to: Optional[Path] = typer.Option(None, "--cells-to", help="Also append every cell, one JSON line, to this "
+                                            "file the moment it finishes (a kill keeps every finished cell)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Resolve and print the configuration (JSON); run and "
                                  "write nothing."),
@@ -63,7 +65,7 @@ def bench(
                              f"or one per length")
         task = {"encodings": ",".join(split_names(encoding)), "mode": mode, "steps": steps, "warmup": warmup,
                 "lengths": lengths, "batch": batch, "new_tokens": new_tokens or None, "peak_tflops": peak_tflops,
-                "compile_backend": compile_backend}
+                "compile_backend": compile_backend, "cells_to": str(cells_to) if cells_to else None}
         sets = [f"task.{k}={v}" for k, v in task.items() if v is not None]
         sets += [f"train.compile={compile_}", f"train.threads={threads}", f"model.attention={attention}"]
         config = resolve_run_config("bench", None, size, device=device, sets=sets)

@@ -23,6 +23,7 @@ import gc
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ import torch
 from posbench.errors import ConfigError
 from posbench.tasks.bench import speed
 from posbench.evaluation.outcome import Evaluation
-from posbench.files import write_jsonl
+from posbench.files import append_jsonl, write_jsonl
 from posbench.options import Each, OneOf, Option, at_least
 from posbench.tasks.base import Phase, Task
 
@@ -84,6 +85,8 @@ class Bench(Task):
         "compile_backend": Option("inductor", "torch.compile backend when train.compile is on: inductor, or eager / "
                                   "aot_eager (trace only: checks the graphs, times nothing real)",
                                   OneOf(COMPILE_BACKENDS)),
+        "cells_to": Option("", "also append every cell, one JSON line, to this file the moment it finishes (a GPU "
+                               "call's $OUT: a kill keeps every finished cell); empty: none"),
     }
     default_preset = "small"
     needs_model = False
@@ -191,8 +194,15 @@ class Bench(Task):
         return options
 
     def keep(self, cells: list[Cell]) -> None:
-        """The finished cells, written at once to the run directory (a killed run keeps them)."""
+        """The finished cells, written at once: the new ones appended to ``cells_to`` (flushed to disk), then all of
+        them to the run directory (a killed run keeps them)."""
+        target = self.opts.get("cells_to")
+        kept = getattr(self, "appended", 0)
         run_dir = getattr(self, "run_dir", None)
+        if target and len(cells) > kept:
+            which = {"mode": self.opts["mode"], "run": run_dir.name if run_dir is not None else None}
+            append_jsonl(Path(target), [{**asdict(cell), **which} for cell in cells[kept:]])
+            self.appended = len(cells)
         if run_dir is not None:
             write_jsonl(run_dir / CELLS_FILE, [asdict(cell) for cell in cells])
 
