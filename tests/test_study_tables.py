@@ -139,3 +139,26 @@ def test_restore_puts_published_cells_back_where_a_sweep_finds_them_finished(tmp
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("│ complete │") == len(cells)
+
+
+def test_committed_changes_from_v1_are_the_means_of_both_versions():
+    import changes  # noqa: E402  (a script of studies/)
+
+    assert changes.changes(CPU_V1 / publish.RUNS, CPU_V2 / publish.RUNS) == (CPU_V2 / "changes.md").read_text()
+
+
+def test_changes_are_the_difference_of_the_means(tmp_path):
+    """Against itself every change is +0.00; a value raised by 3 in one of two seeds moves the mean by 1.5."""
+    import changes  # noqa: E402
+
+    same = changes.changes(FIXTURE / publish.RUNS, FIXTURE / publish.RUNS)
+    assert "| rope |" in same and all(line.split("|")[4].strip() in ("+0.00", "-0.00", "change", "---:")
+                                      for line in same.splitlines() if line.startswith("| "))
+    runs = shutil.copytree(FIXTURE / publish.RUNS, tmp_path / publish.RUNS)
+    result = runs / "perplexity-alibi-tiny-s0" / "result.json"
+    record = json.loads(result.read_text())
+    record["metrics"]["ppl_2x"]["value"] += 3.0
+    result.write_text(json.dumps(record))
+    moved = changes.changes(FIXTURE / publish.RUNS, runs)
+    section = moved.split("### perplexity: ppl_2x", 1)[1].split("###", 1)[0]
+    assert "| +1.50 | 2 / 2 |" in [line for line in section.splitlines() if line.startswith("| alibi")][0]

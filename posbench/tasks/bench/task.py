@@ -5,7 +5,8 @@ GPU, the wall clock elsewhere), tokens per second, model-FLOPs utilisation, peak
 measured in the same run; the step of each mode is in ``posbench.tasks.bench.speed`` (``train`` is one step of
 the engine's own ``Trainer``). A cell that runs out of memory is reported as ``oom`` and the run goes on. On a
 CPU the encodings are timed round robin (one step of each in turn), so a neighbouring process slows all of them
-alike; on a GPU, and whenever the models are compiled, one cell at a time (its peak memory is its own).
+alike, compiled or not (compiled: each one built and warmed up in turn first); on a GPU one cell at a time (its
+peak memory is its own).
 
 Compilation never falls back in silence: every cell starts from a fresh compiler, a hit recompile limit is an
 error (the cell reads ``error``), and each cell records how many graphs it compiled, its graph breaks, and
@@ -161,7 +162,14 @@ class Bench(Task):
             progress(done[0])
         for length, batch in zip(self.opts["lengths"], self.opts["batch"]):
             group = [Cell(encoding, length, batch) for encoding in self.opts["encodings"]]
-            if device.type == "cuda" or self.compiled(device):
+            if device.type != "cuda" and self.compiled(device):
+                self.time_compiled_in_turns(group, device, precision, tick)
+                release(device)
+                for cell in group:
+                    summarise(cell, self.opts, peak)
+                cells += group
+                self.keep(cells)
+            elif device.type == "cuda":
                 for cell in group:
                     self.time_alone(cell, device, precision, tick)
                     release(device)                 # the cell's model is gone before the next one is built
@@ -257,6 +265,51 @@ class Bench(Task):
                 cell.compiled = cell.status == "ok" and cell.graphs > 0 and cell.graph_breaks == 0 and not recompiled
         if device.type == "cuda" and cell.status == "ok":
             cell.peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
+
+    def time_compiled_in_turns(self, group: list[Cell], device: torch.device, precision: str,
+                               tick: Callable[[], None]) -> None:
+        """Compiled, on a CPU: each encoding built, compiled and warmed up in turn (its graphs and graph breaks
+        counted on their own), then the timed steps one of each in turn, as ``time_round_robin`` times eager ones,
+        so a neighbouring process slows all of them alike. Every compiled model stays live, so dynamo's recompile
+        limit is raised to cover the group (a hit is still an error: ``strict_compilation``); a graph compiled
+        during a cell's timed steps is a recompilation (``compiled`` false)."""
+        speed.fresh_compiler()
+        warmup = self.opts["warmup"]
+        steps: dict[str, Callable[[], float]] = {}
+        recompiled: set[str] = set()
+        limit = max(8, 2 * len(group))
+        with torch._dynamo.config.patch(recompile_limit=limit, accumulated_recompile_limit=max(256, 8 * limit)):
+            for cell in group:
+                graphs, breaks = speed.compile_counts()
+                step = self.prepare(cell, device, precision)
+                try:
+                    for _ in range(warmup if step is not None else 0):
+                        step()
+                        tick()
+                except Exception as exc:  # noqa: BLE001 - a recompile limit hit: recorded, the run goes on
+                    cell.fail(exc)
+                    step = None
+                now = speed.compile_counts()
+                cell.graphs, cell.graph_breaks = now[0] - graphs, now[1] - breaks
+                if step is not None:
+                    steps[cell.encoding] = step
+            for _ in range(self.opts["steps"]):
+                for cell in group:
+                    if cell.encoding not in steps:
+                        continue
+                    before = speed.compile_counts()[0]
+                    try:
+                        cell.ms_all.append(steps[cell.encoding]())
+                    except Exception as exc:  # noqa: BLE001
+                        cell.fail(exc)
+                        del steps[cell.encoding]
+                        continue
+                    if speed.compile_counts()[0] != before and warmup > 0:
+                        recompiled.add(cell.encoding)
+                    tick()
+        for cell in group:
+            cell.compiled = cell.status == "ok" and cell.graphs > 0 and cell.graph_breaks == 0 and \
+                cell.encoding not in recompiled
 
     def time_round_robin(self, group: list[Cell], device: torch.device, precision: str,
                          tick: Callable[[], None]) -> None:
