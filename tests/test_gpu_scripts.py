@@ -117,23 +117,27 @@ def test_the_call_stops_at_once_naming_what_does_not_import(tmp_path):
 
 
 def test_each_cell_is_written_when_it_finishes(tmp_path, monkeypatch):
-    """A run stopped during its third cell keeps the two it finished, in its directory's cells.jsonl."""
+    """A run stopped in its second length keeps the cells of the first, in its directory's cells.jsonl and in the
+    --cells-to file (on a CPU a length's cells finish together: they are timed in turns)."""
     real = Bench.prepare
 
     def prepare(self, cell, device, precision):
-        if cell.encoding == "nope":
+        if cell.encoding == "nope" and cell.length == 32:
             raise KeyboardInterrupt
         return real(self, cell, device, precision)
 
     monkeypatch.setattr(Bench, "prepare", prepare)
     config = resolve_run_config("bench", None, "small", sets=[
-        "task.lengths=16", "task.batch=1", "task.warmup=0", "task.steps=1", "train.threads=1",
-        "task.encodings=alibi,nope", "train.compile=true", "task.compile_backend=eager"])
+        "task.lengths=16,32", "task.batch=1", "task.warmup=0", "task.steps=1", "train.threads=1",
+        "task.encodings=alibi,nope", "train.compile=true", "task.compile_backend=eager",
+        f"task.cells_to={tmp_path / 'out.jsonl'}"])
     with pytest.raises(KeyboardInterrupt):
         runner.execute(config, tmp_path, command=["posbench", "bench"])
     (kept,) = tmp_path.glob("bench/train/*/cells.jsonl")
-    finished = [json.loads(line) for line in kept.read_text().splitlines()]
-    assert [c["encoding"] for c in finished] == ["rope", "alibi"] and all(c["compiled"] for c in finished)
+    for path in (kept, tmp_path / "out.jsonl"):
+        finished = [json.loads(line) for line in path.read_text().splitlines()]
+        assert [(c["encoding"], c["length"]) for c in finished] == [("rope", 16), ("alibi", 16), ("nope", 16)]
+        assert all(c["compiled"] for c in finished)
 
 
 def test_a_hit_recompile_limit_is_an_error_not_an_eager_fallback():

@@ -297,14 +297,17 @@ class Bench(Task):
                 for cell in group:
                     if cell.encoding not in steps:
                         continue
-                    before = speed.compile_counts()[0]
+                    before = speed.compile_counts()
                     try:
                         cell.ms_all.append(steps[cell.encoding]())
                     except Exception as exc:  # noqa: BLE001
                         cell.fail(exc)
                         del steps[cell.encoding]
                         continue
-                    if speed.compile_counts()[0] != before and warmup > 0:
+                    after = speed.compile_counts()
+                    cell.graphs += after[0] - before[0]             # without warm-up it compiles here
+                    cell.graph_breaks += after[1] - before[1]
+                    if after[0] != before[0] and warmup > 0:
                         recompiled.add(cell.encoding)
                     tick()
         for cell in group:
