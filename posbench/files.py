@@ -107,6 +107,15 @@ def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:
     return count
 
 
+def file_in_the_way(path: Path) -> Path | None:
+    """The nearest existing folder above ``path`` that is a file instead (nothing could be written under it), or
+    None."""
+    for parent in Path(path).parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
 def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     """Append ``rows`` as JSON lines in one write, flushed to the disk before this returns (a file other processes
     read while it grows, and a kill after it keeps them)."""

@@ -51,6 +51,7 @@ def compare(
     """One table per task: a row per encoding (runs that differ only in their seed pooled: mean ± 95% interval),
     the best of each column marked; paired differences (--against), figures, an HTML report."""
     from posbench import report as rep
+    from posbench.files import file_in_the_way
     from posbench.runs.record import ResultError
 
     with user_errors():
@@ -65,6 +66,10 @@ def compare(
             raise ResultError("--by-model makes one table of models; it does not combine with --by-run or --against")
         if not directory.exists():
             raise ResultError(f"results directory {directory} does not exist")
+        for flag, target in (("--html", html), ("--plots", plots)):        # before any work, as one line
+            blocked = file_in_the_way(target / "figure.png" if flag == "--plots" else target) if target else None
+            if blocked is not None:
+                raise ResultError(f"{flag} {target}: {blocked} is a file, not a folder")
         if html is not None and html.exists() and (html.is_dir() or not force):
             raise ResultError(f"--html {html} is a directory" if html.is_dir() else
                               f"--html {html} already exists; pass --force to replace it, or choose another file")

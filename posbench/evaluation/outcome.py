@@ -22,7 +22,8 @@ class Metric:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Metric:
-        return cls(data.get("value"), data.get("stderr"), data.get("n"), bool(data.get("higher_is_better", True)))
+        return cls(as_number(data.get("value")), as_number(data.get("stderr")), data.get("n"),
+                   bool(data.get("higher_is_better", True)))
 
 
 @dataclass
@@ -51,8 +52,9 @@ class Grid:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Grid:
         axes = [Axis(str(a.get("name")), list(a.get("values") or [])) for a in data.get("axes") or []]
-        return cls(str(data.get("metric", "")), axes, data.get("values") or [], data.get("stderr"), data.get("n"),
-                   bool(data.get("higher_is_better", True)), dict(data.get("meta") or {}))
+        return cls(str(data.get("metric", "")), axes, as_number(data.get("values") or []),
+                   as_number(data.get("stderr")), data.get("n"), bool(data.get("higher_is_better", True)),
+                   dict(data.get("meta") or {}))
 
 
 @dataclass
@@ -74,6 +76,20 @@ def mean_stderr(values: list[float]) -> float | None:
     mean = sum(values) / n
     var = sum((v - mean) ** 2 for v in values) / (n - 1)
     return math.sqrt(var / n)
+
+
+def as_number(x: Any) -> Any:
+    """A value read from JSON as a number compare can use: an integer beyond float64's range (the JSON integer 1
+    followed by 400 zeros) is an infinity of its sign, like the float 1e400; lists element by element; anything
+    else unchanged."""
+    if isinstance(x, list):
+        return [as_number(v) for v in x]
+    if isinstance(x, int) and not isinstance(x, bool):
+        try:
+            return float(x)
+        except OverflowError:
+            return math.inf if x > 0 else -math.inf
+    return x
 
 
 def finite(x: Any) -> Any:
