@@ -188,9 +188,11 @@ def test_a_real_run_writes_the_schema(tmp_path):
 def test_compare_reads_old_records_exactly_as_the_old_posbench_did(name, args, capsys):
     """``compare --format json`` over the schema-1 tree gives what the posbench that wrote it gave
     (``tests/fixtures/results-v1-compare``, made by that version with the tree's path as ``{TREE}``): every row,
-    value, interval and difference. Two things follow compare's rules of today instead, which are tested in
-    test_compare: which cells are marked best (ties with the best are marked alike since issue 24) and the
-    notes under the tables."""
+    value, interval and difference. Three things follow compare's rules of today instead, which are tested in
+    test_compare and test_by_model_sizes: which cells are marked best (ties with the best are marked alike since
+    issue 24), the notes under the tables, and ``--by-model``'s columns and seeds (since issue 36 two models of
+    different sizes evaluated alike share their columns, and a model's row names its seed; by-model.json was
+    rewritten then, its values unchanged)."""
     from posbench.cli import main
 
     assert main(["compare", str(V1_TREE.resolve()), *args, "--format", "json"]) == 0

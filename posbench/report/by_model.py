@@ -8,9 +8,10 @@ after the model's run: its ``label`` when it records one (an extended pretrained
 ``llama+lora``), else its encoding; a model with no readable run of its own (a pretrained model's directory)
 takes the label its evaluation runs recorded (``init.label``). Columns are ``task:metric``. A model's own run
 (pretrain, extend) defines the model, so its settings differ from row to row by nature and share columns.
-Evaluation runs of one task with different settings (besides the encoding) are never pooled: each set of
-settings gets columns of its own, marked ``#1``, ``#2`` and explained under the table; runs of one task and
-settings for one model are averaged.
+Evaluation runs of one task with different evaluation settings are never pooled: each set of settings gets
+columns of its own, marked ``#1``, ``#2`` and explained under the table; runs of one task and settings for one
+model are averaged. The model's own settings (``model.*``: its size, recorded by every run that evaluates it)
+identify the row and never split the columns: two models of different sizes evaluated alike share columns.
 """
 
 from __future__ import annotations
@@ -53,12 +54,18 @@ def model_label(model_run: RunRecord | None, identity: str, evaluations: list[Ru
     return str(model_run.config.label or model_run.encoding)
 
 
+def evaluation_fingerprint(run: RunRecord) -> str:
+    """The settings of an evaluation that decide its columns: all but the encoding, the model it evaluates (its
+    ``--init`` run) and that model's own settings (``model.*``), which identify the row, never the columns."""
+    return grouping.fingerprint(run, with_init=False, without=("model.",))
+
+
 def _task_variants(runs: list[RunRecord]) -> dict[str, list[str]]:
-    """task -> its distinct settings fingerprints (without encoding and init), in first-seen order."""
+    """task -> its distinct evaluation settings fingerprints, in first-seen order."""
     out: dict[str, list[str]] = {}
     for run in runs:
         fps = out.setdefault(str(run.task), [])
-        fp = grouping.fingerprint(run, with_init=False)
+        fp = evaluation_fingerprint(run)
         if fp not in fps:
             fps.append(fp)
     return out
@@ -73,7 +80,7 @@ def models_table(runs: list[RunRecord]) -> TaskTable:
         entry = models.setdefault(identity, {"run": own, "by_column": {}})
         entry["run"] = entry["run"] or own
         fps = variants.get(str(run.task), []) if not makes_model(run) else []
-        prefix = str(run.task) + (f"#{fps.index(grouping.fingerprint(run, with_init=False)) + 1}" if len(fps) > 1 else "")
+        prefix = str(run.task) + (f"#{fps.index(evaluation_fingerprint(run)) + 1}" if len(fps) > 1 else "")
         entry["by_column"].setdefault(prefix, []).append(run)
     # tasks whose runs are themselves models (pretrain) first, then the others by name
     own_tasks = {str(m["run"].task) for m in models.values() if m["run"] is not None}
@@ -101,7 +108,8 @@ def models_table(runs: list[RunRecord]) -> TaskTable:
             cells[column] = metric_cell(m["by_column"].get(prefix, []), name)
         all_runs = [r for rs in m["by_column"].values() for r in rs]
         encoding = str(m["run"].encoding) if m["run"] is not None else label
-        rows.append(Row(label, encoding, run_id(m["run"]) if m["run"] else identity, identity, None, cells, None,
+        seed = grouping.seed_of(m["run"]) if m["run"] is not None else None
+        rows.append(Row(label, encoding, run_id(m["run"]) if m["run"] else identity, identity, seed, cells, None,
                         all_runs))
     tested = mark_best(rows, columns, hib)
     rows.sort(key=lambda r: r.label)
@@ -110,11 +118,11 @@ def models_table(runs: list[RunRecord]) -> TaskTable:
     for task, fps in variants.items():
         if len(fps) > 1:
             task_runs = [[r for r in runs if str(r.task) == task and not makes_model(r)
-                          and grouping.fingerprint(r, with_init=False) == fp][:1] for fp in fps]
+                          and evaluation_fingerprint(r) == fp][:1] for fp in fps]
             apart, _ = grouping.distinguishing(task_runs)
             for i, a in enumerate(apart):
                 shown = [f"{k}={grouping.show(v)}" for k, v in a.items()
-                         if not k.startswith("encoding.") and k != "init"]
+                         if not k.startswith(("encoding.", "model.")) and k != "init"]
                 notes.append(f"{task}#{i + 1}: {', '.join(shown)}")
     if tested:
         notes.append(RULE)

@@ -122,7 +122,7 @@ def to_csv(report: Report) -> str:
         diffs = {(d.label, d.metric): d.difference for d in table.differences}
         for row in table.rows:
             seed = row.seed if not isinstance(row.seed, list) else " ".join(map(str, row.seed))
-            line = [table.heading, row.encoding, row.label, row.run_id, seed, len(row.runs) or 1]
+            line = [table.heading, row.encoding, row.label, row.run_id, seed, row.seeds]
             for name in names:
                 cell = row.cells.get(name, Cell(None))
                 low = None if cell.half_width is None else cell.value - cell.half_width
@@ -203,7 +203,7 @@ def table_dict(t: TaskTable) -> dict[str, Any]:
         "columns": [{"name": c, "label": t.column_label(c), "higher_is_better": t.higher_is_better[c]}
                     for c in t.columns],
         "rows": [{"label": r.label, "encoding": r.encoding, "run_id": r.run_id, "path": r.path, "seed": r.seed,
-                  "seeds": len(r.runs) or 1, "settings": r.settings, "runs": [str(run.path) for run in r.runs],
+                  "seeds": r.seeds, "settings": r.settings, "runs": [str(run.path) for run in r.runs],
                   "train_s": r.train_s, "metrics": {c: cell_dict(r.cells[c]) for c in t.columns}} for r in t.rows],
         "notes": t.notes,
         "against": t.against,

@@ -78,11 +78,12 @@ def settings(run: RunRecord) -> dict[str, Any]:
     return flat
 
 
-def fingerprint(run: RunRecord, *, with_init: bool = True) -> str:
+def fingerprint(run: RunRecord, *, with_init: bool = True, without: tuple[str, ...] = ()) -> str:
     """A short hash of a run's settings without its encoding and seed (and without its ``--init`` run when
-    ``with_init`` is false): the runs that one pretraining recipe made for several encodings share it (their
-    encodings set them apart already)."""
-    flat = {k: v for k, v in settings(run).items() if not k.startswith("encoding.") and (with_init or k != "init")}
+    ``with_init`` is false, and the settings starting with any of ``without``): the runs that one pretraining
+    recipe made for several encodings share it (their encodings set them apart already)."""
+    flat = {k: v for k, v in settings(run).items() if not k.startswith(("encoding.", *without))
+            and (with_init or k != "init")}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 

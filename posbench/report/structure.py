@@ -39,6 +39,14 @@ class Row:
     runs: list[Any] = field(default_factory=list)            # RunRecords
     settings: dict[str, Any] = field(default_factory=dict)    # the settings that set this row apart
 
+    @property
+    def seeds(self) -> int:
+        """How many seeds the row pools: its list of seeds, one for a single seed (a model's row holds its own run
+        and the runs that evaluate it, all of one seed)."""
+        if isinstance(self.seed, list):
+            return len(self.seed)
+        return 1
+
 
 @dataclass
 class DifferenceRow:
