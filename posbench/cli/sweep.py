@@ -69,7 +69,7 @@ def sweep(
                                cpus_per_cell=cpus_per_cell, partition=partition, time_limit=time_limit,
                                account=account, max_jobs=max_jobs, dry_run=dry_run)
         console = wide_out()
-        console.print(plan_table(cells, statuses(cells, root)))
+        console.print(plan_table(cells, statuses(cells, root, getattr(runner, "state_of", None))))
         console.print(expected_total(cells))
         console.print(f"{runner if isinstance(runner, str) else runner.describe()}; output in {root}")
         if dry_run:
@@ -87,16 +87,21 @@ def wide_out():
     return console
 
 
-def statuses(cells, root: Path) -> dict[str, str]:
-    """Where each cell stands on disk: complete, to resume, failed, or new."""
-    from posbench.sweep.cell import finished_run, read_record, unfinished_run
+def statuses(cells, root: Path, active=None) -> dict[str, str]:
+    """Where each cell stands: complete; running or queued (an earlier sweep's process or SLURM job has it: it is
+    followed, not restarted; ``active(cell_dir)`` asks the executor, else a held lock means running); to resume;
+    failed; or new."""
+    from posbench.sweep.cell import finished_run, is_locked, read_record, unfinished_run
     from posbench.sweep.scheduler import CELLS_DIR
 
     found = {}
     for cell in cells:
         folder = root / CELLS_DIR / cell.id
+        state = active(folder) if active is not None else ("running" if is_locked(folder) else None)
         if finished_run(folder) is not None:
             found[cell.id] = "complete"
+        elif state:
+            found[cell.id] = state
         elif read_record(folder).get("state") == "failed":
             found[cell.id] = "failed"
         elif unfinished_run(folder) is not None:

@@ -33,7 +33,7 @@ def fmt_seconds(seconds: float | None) -> str:
 
 def plan_table(cells: list[Cell], statuses: dict[str, str] | None = None) -> Table:
     """The plan: one row per cell (its id says task-encoding-preset[-variant]-seed), the cell it starts from, its
-    expected time, and where it stands (``statuses``: complete, resume, failed, new)."""
+    expected time, and where it stands (``statuses``: complete, running, queued, resume, failed, new)."""
     table = Table(title=f"plan: {len(cells)} cells", title_justify="left")
     table.add_column("cell", no_wrap=True)
     table.add_column("starts from", no_wrap=True)
@@ -51,7 +51,7 @@ def expected_total(cells: list[Cell]) -> str:
     text = f"expected {fmt_seconds(sum(known))} of cell time in all"
     missing = len(cells) - len(known)
     return text + (f" ({missing} cell(s) without an expected time)" if missing else "") + \
-        " (the presets' expected times, each on the hardware its preset names)"
+        " (the presets' expected times, each on the hardware its preset names, scaled by the study's train.steps)"
 
 
 class SweepDisplay:

@@ -118,6 +118,10 @@ class LocalExecutor:
                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return LocalHandle(spec["id"], cell_dir, process, slot)
 
+    def state_of(self, cell_dir: Path) -> str | None:
+        """"running" while another sweep runs the cell (its lock is held), else None."""
+        return "running" if is_locked(cell_dir) else None
+
     def attach(self, cell_id: str, cell_dir: Path) -> LocalHandle | None:
         """A cell that another sweep is running now (its lock is held): followed, not started again."""
         return LocalHandle(cell_id, cell_dir, None, None) if is_locked(cell_dir) else None

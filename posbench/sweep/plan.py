@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from posbench.sweep.study import Study, StudyError
 
@@ -66,7 +67,7 @@ def expand(study: Study) -> list[Cell]:
                     for encoding in axis.encodings:
                         sets = (*study.sets, *axis.sets, *variant_sets)
                         cell = Cell(axis.name, encoding, preset, seed, variant, sets, study.device,
-                                    expected_s=float(expected) if isinstance(expected, (int, float)) else None)
+                                    expected_s=scaled_expected(axis.name, encoding, preset, sets, expected))
                         cells[(axis.name, encoding, preset, variant, seed)] = cell
     by_task = {axis.name: axis for axis in study.tasks}
     linked = {}
@@ -84,6 +85,23 @@ def expand(study: Study) -> list[Cell]:
     if len(set(ids)) != len(ids):
         raise StudyError(f"{study.path.name}: two cells would share one id; rename a variant")
     return sorted(linked.values(), key=lambda c: (study.seeds.index(c.seed), depth[c.id], order[c.task]))
+
+
+def scaled_expected(task: str, encoding: str, preset: str, sets: tuple[str, ...], expected: Any) -> float | None:
+    """The preset's expected seconds, scaled by the steps the study's ``set`` gives against the preset's own
+    (training dominates a cell: ``train.steps=3000`` on a 300-step preset expects ten times as long); unscaled
+    when the steps cannot be resolved (``validate`` reports why)."""
+    if not isinstance(expected, (int, float)):
+        return None
+    from posbench.errors import UserError
+    from posbench.runs.config import resolve_run_config
+
+    try:
+        own = resolve_run_config(task, encoding, preset).train["steps"]
+        given = resolve_run_config(task, encoding, preset, sets=list(sets)).train["steps"]
+    except UserError:
+        return float(expected)
+    return float(expected) * (given / own if own else 1.0)
 
 
 def parent_of(cell: Cell, parent_presets: tuple, init: str, cells: dict[tuple, Cell]) -> Cell:

@@ -153,7 +153,6 @@ class Sweep:
         if state == "done":
             kind = {"resume": "resumed", "none": "complete"}.get(record.get("action"), "done")
             done = finished(outcome.cell, kind, Path(record["run_dir"]), outcome.log, "")
-            done.seconds = outcome.seconds
             self.outcomes[outcome.cell.id] = outcome = done
         elif state == "failed":
             outcome.state, outcome.note = state, record.get("note") or ""
@@ -172,7 +171,8 @@ class Sweep:
 
 
 def finished(cell: Cell, state: str, run_dir: Path, log: str, note: str) -> Outcome:
-    """An outcome for a cell with a finished run: its primary metric and training time from ``result.json``."""
+    """An outcome for a cell with a finished run: its primary metric and its time from ``result.json`` (the run's
+    own ``total_s``, whichever sweep finished it: a rerun shows the same time for the same cell)."""
     result = json_object(Path(run_dir) / "result.json") or {}
     primary = result.get("primary_metric")
     metric = (result.get("metrics") or {}).get(primary) or {}
@@ -183,4 +183,4 @@ def finished(cell: Cell, state: str, run_dir: Path, log: str, note: str) -> Outc
     text = f"{primary} {value:.4g}" if isinstance(value, (int, float)) else ""
     seconds = (result.get("timings") or {}).get("total_s")
     return Outcome(cell, state, note=note, run_dir=str(run_dir), log=log, metric=text,
-                   seconds=seconds if state == "complete" else None)
+                   seconds=seconds if isinstance(seconds, (int, float)) else None)

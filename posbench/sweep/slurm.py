@@ -139,6 +139,16 @@ class SlurmExecutor:
         self.handles.append(handle)
         return handle
 
+    def state_of(self, cell_dir: Path) -> str | None:
+        """"queued" or "running" while an earlier sweep's job has the cell (or another process holds its lock),
+        else None; nothing is registered (``attach`` follows it)."""
+        job = (json_object(Path(cell_dir) / JOB_FILE) or {}).get("job_id")
+        if job:
+            state = (queue_states([str(job)]) or {}).get(str(job))
+            if state in ACTIVE:
+                return "queued" if state == "PENDING" else "running"
+        return "running" if is_locked(cell_dir) else None
+
     def attach(self, cell_id: str, cell_dir: Path) -> SlurmHandle | None:
         """The cell's job from an earlier sweep, while it is still queued or running; or a cell whose lock another
         process holds."""
