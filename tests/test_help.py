@@ -84,3 +84,46 @@ def test_extend_defaults_to_the_small_preset_and_ntk_to_no_training(llama_dir, c
     code = main(["extend", *map(str, common), "--method", "ntk", "--steps", "3", "-q", "-o", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and "trains nothing" in err and "leave --steps out" in err
+
+
+def test_the_synopses_name_every_option_of_every_command_and_no_other():
+    """docs/running.md's synopsis block lists each command with exactly the long options the command takes
+    (issue 36, item 6: extend's synopsis lacked --seed --device --out --quiet)."""
+    import re
+    from pathlib import Path
+
+    import typer
+
+    from posbench.cli.app import app
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "running.md").read_text()
+    block = text.split("```text", 1)[1].split("```", 1)[0]
+    shown: dict[str, set[str]] = {}
+    current = None
+    for line in block.splitlines():
+        start = re.match(r"posbench (\w+)", line)
+        current = start.group(1) if start else current
+        shown.setdefault(current, set()).update(re.findall(r"--[a-z][a-z-]*", line))
+    for name, command in typer.main.get_command(app).commands.items():
+        takes = {o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")} - {"--help"}
+        assert shown.get(name) == takes, (name, sorted(takes ^ shown.get(name, set())))
+
+
+def test_the_command_list_puts_each_summary_on_one_line_when_it_fits():
+    """``posbench --help`` wraps a command's summary at the terminal's width, never where its docstring's lines end
+    (issue 36, item 6)."""
+    import os
+    import subprocess
+    import sys
+
+    import importlib
+
+    app_module = importlib.import_module("posbench.cli.app")
+    proc = subprocess.run([sys.executable, "-m", "posbench", "--help"], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "400"})
+    lines = proc.stdout.splitlines()
+    for name in ("run", "ls", "extend", "compare", "sweep", "check"):
+        summary = app_module.summary(getattr(getattr(app_module, name), name))
+        assert any(summary in line for line in lines), name
+    assert "another run's checkpoint" not in subprocess.run([sys.executable, "-m", "posbench", "run", "--help"],
+                                                            capture_output=True, text=True).stdout

@@ -41,15 +41,25 @@ def plugins(modules: list[str] = typer.Option(
         add_plugins([name for value in modules for name in plugin_names(value)])
 
 
-app.command("run", epilog=run.RUN_EPILOG, cls=RunHelp)(run.run)
-app.command("ls", epilog=ls.LS_EPILOG)(ls.ls)
-app.command("extend", epilog=extend.EXTEND_EPILOG, cls=ExtendHelp)(extend.extend)
-app.command("compare", epilog=compare.COMPARE_EPILOG)(compare.compare)
-app.command("score", epilog=score.SCORE_EPILOG)(score.score)
-app.command("bench", epilog=bench.BENCH_EPILOG)(bench.bench)
-app.command("export", epilog=export.EXPORT_EPILOG)(export.export)
-app.command("sweep", epilog=sweep.SWEEP_EPILOG)(sweep.sweep)
-app.command("check", epilog=check.CHECK_EPILOG)(check.check)
+def summary(fn) -> str:
+    """A command's line in ``posbench --help``: its docstring's first paragraph as one line (the terminal wraps it at
+    its width, never where the docstring's source lines end)."""
+    return " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
+
+
+def command(name: str, fn, epilog: str, **kwargs) -> None:
+    app.command(name, epilog=epilog, short_help=summary(fn), **kwargs)(fn)
+
+
+command("run", run.run, run.RUN_EPILOG, cls=RunHelp)
+command("ls", ls.ls, ls.LS_EPILOG)
+command("extend", extend.extend, extend.EXTEND_EPILOG, cls=ExtendHelp)
+command("compare", compare.compare, compare.COMPARE_EPILOG)
+command("score", score.score, score.SCORE_EPILOG)
+command("bench", bench.bench, bench.BENCH_EPILOG)
+command("export", export.export, export.EXPORT_EPILOG)
+command("sweep", sweep.sweep, sweep.SWEEP_EPILOG)
+command("check", check.check, check.CHECK_EPILOG)
 
 
 # ---- entry point -------------------------------------------------------------------------------------------

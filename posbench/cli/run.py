@@ -41,7 +41,9 @@ def run(
     device: str = typer.Option("auto", "--device", help="auto (cuda, mps, cpu), cpu, cuda, cuda:N, mps."),
     out_dir: Path = typer.Option(Path("results"), "--out", "-o", help="Results root directory."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run directory."),
-    init: Optional[Path] = typer.Option(None, "--init", help="Start from another run's checkpoint."),
+    init: Optional[Path] = typer.Option(None, "--init", help="Start from a model: a run directory (its checkpoint; "
+                                        "an extend run too), a posbench export, or a Hugging Face model directory "
+                                        "or hub name."),
     data: Optional[str] = typer.Option(None, "--data", help="Task data source (tasks that take one)."),
     datasets: Optional[str] = typer.Option(None, "--datasets", help="Task datasets, comma-separated."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="byte, bpe[:VOCAB] or a Hugging Face "
