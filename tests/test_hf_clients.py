@@ -195,6 +195,16 @@ def write_tasks(directory: Path) -> Path:
     return directory
 
 
+def test_every_lm_eval_metric_declares_its_aggregation_and_direction():
+    """Each metric of docs/lm-eval's tasks says how lm-eval aggregates it and which way is better (without them
+    every lm-eval run printed six warnings; issue 36, item 7)."""
+    import yaml
+
+    for path in TASKS.glob("*.yaml"):
+        for metric in yaml.safe_load(path.read_text())["metric_list"]:
+            assert {"aggregation", "higher_is_better"} <= set(metric), (path.name, metric)
+
+
 class PosbenchSide:
     """An export's model as posbench itself runs it, and the export's tokenizer: the log-likelihood of a text
     after the BOS token (lm-eval's rolling window for a text shorter than the context) and greedy text."""
@@ -256,6 +266,7 @@ def test_lm_eval_evaluates_a_rope_a_tape_and_an_extended_export_as_posbench_does
         output, _ = process.communicate(timeout=600)
         assert process.returncode == 0, output[-3000:]
         assert "posbench_text" in output and "bits_per_byte" in output          # its table was printed
+        assert "aggregation is not" not in output and "higher_is_better is not" not in output   # no warnings
         (results,) = (tmp_path / name).rglob("results_*.json")
         scores = json.loads(results.read_text())["results"]
         side = PosbenchSide(name, made)

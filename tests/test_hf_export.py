@@ -423,3 +423,33 @@ def test_an_exported_tape_model_is_an_init_that_scores_as_its_run(runs, tmp_path
         assert result["encoding"] == "tape" and result["init"]["kind"] == name
         scores[name] = {k: m["value"] for k, m in result["metrics"].items()}
     assert scores["export"] == scores["run"]
+
+
+def test_export_prints_one_line_and_no_library_bars(tmp_path):
+    """``posbench export`` says what it wrote in one line; transformers' shard bar is not printed (issue 36,
+    item 7)."""
+    import subprocess
+    import sys
+
+    from posbench.cli import main
+
+    assert main(["run", "-e", "alibi", "-t", "pretrain", "-p", "tiny", "--quiet", "--out", str(tmp_path)]) == 0
+    (run,) = [p.parent for p in tmp_path.rglob("result.json")]
+    proc = subprocess.run([sys.executable, "-m", "posbench", "export", str(run), str(tmp_path / "export")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (proc.stdout + proc.stderr).strip().count("\n") == 0 and "shards" not in proc.stderr, proc.stderr
+
+
+def test_an_extension_of_a_posbench_rope_export_is_labelled_by_its_encoding(tmp_path):
+    """An extend run from a posbench RoPE export (a plain Llama directory) is ``rope+tape``, not ``llama+tape``,
+    the label of an extension of a real Llama (issue 36, item 7)."""
+    from posbench.cli import main
+    from posbench.runs.config import resolve_run_config
+
+    assert main(["run", "-e", "rope", "-t", "pretrain", "-p", "tiny", "--quiet", "--out", str(tmp_path)]) == 0
+    (run,) = [p.parent for p in tmp_path.rglob("result.json")]
+    assert main(["export", str(run), str(tmp_path / "export")]) == 0
+    config = resolve_run_config("extend", "tape", "tiny", init=str(tmp_path / "export"), init_flag="--model",
+                                sets=["task.length=128"])
+    assert config.label == "rope+tape"

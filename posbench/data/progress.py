@@ -21,9 +21,11 @@ when it closes.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 _ENABLED = True
@@ -40,6 +42,27 @@ def library_progress(enabled: bool) -> None:
         module = sys.modules.get(name)
         if module is not None:
             apply_to(module)
+
+
+@contextlib.contextmanager
+def library_bars_off() -> Iterator[None]:
+    """Inside: no progress bars from transformers or huggingface_hub (writing or loading a model's few local shards
+    is not long work: ``posbench export`` printed a bar per file); after it, the current setting again."""
+    global _ENABLED
+    before = _ENABLED
+    _ENABLED = False
+    try:
+        for name in ("transformers", "huggingface_hub"):
+            module = sys.modules.get(name)
+            if module is not None:
+                apply_to(module)
+        yield
+    finally:
+        _ENABLED = before
+        for name in ("transformers", "huggingface_hub"):
+            module = sys.modules.get(name)
+            if module is not None:
+                apply_to(module)
 
 
 def progress_enabled() -> bool:

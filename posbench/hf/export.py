@@ -180,7 +180,10 @@ def _write_model(run: RunModel, directory: Path) -> str:
         kind = "posbench"
     for key, value in ids.items():
         setattr(model.generation_config, key, value)
-    model.save_pretrained(str(directory))
+    from posbench.data.progress import library_bars_off
+
+    with library_bars_off():
+        model.save_pretrained(str(directory))
     return kind
 
 

@@ -79,8 +79,10 @@ class Extend(CorpusTask):
 
     @classmethod
     def label_for(cls, encoding, source, options) -> str:
-        base = source.model_type if source.kind == "export" else source.label
-        return f"{base}+{encoding}"
+        """``<base>+<method>``: the base is the model's label (a Hugging Face model's type, ``llama``; a posbench
+        export's encoding, ``rope``: an extension of posbench's RoPE model is ``rope+tape``, never mistaken for an
+        extension of a real Llama, ``llama+tape``)."""
+        return f"{source.label}+{encoding}"
 
     # ---- the model -------------------------------------------------------------------------------------------
     @property
