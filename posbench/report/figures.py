@@ -245,6 +245,9 @@ def series_style(i: int) -> dict[str, Any]:
 
 
 FEW_SERIES = 6                  # up to this many: the legend inside the axes, bands at full shade
+SHORT_LABEL = 24                # longer labels (extensions: "llama+tape (seed 0, ...)") go beside the axes
+LABEL_WIDTH = 32                # a legend label wraps at this many characters
+TITLE_WIDTH = 56                # a title wraps at this many characters (about the axes' width)
 
 
 def series_axes(n_series: int) -> tuple[Any, Any, float]:
@@ -254,35 +257,60 @@ def series_axes(n_series: int) -> tuple[Any, Any, float]:
     return fig, ax, 0.2 if few else 0.08
 
 
+def wrapped(text: str, width: int) -> str:
+    return "\n".join(textwrap.wrap(text, width, break_on_hyphens=False)) or text
+
+
 def place_legend(ax, n_series: int) -> None:
-    """Inside the axes for a few series; beside them for many (it would cover the curves)."""
-    if n_series <= FEW_SERIES:
+    """Inside the axes for a few short labels; beside them (outside: the layout makes room, so nothing covers the
+    curves or the y label, and nothing is cut) for many series or long labels, each label wrapped."""
+    handles, labels = ax.get_legend_handles_labels()
+    if n_series <= FEW_SERIES and all(len(label) <= SHORT_LABEL for label in labels):
         ax.legend(fontsize=8)
-    else:
-        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+        return
+    width, height = ax.figure.get_size_inches()
+    ax.figure.set_size_inches(width + 2.5, height)              # the legend's room: the axes keep theirs
+    ax.figure.legend(handles, [wrapped(label, LABEL_WIDTH) for label in labels], fontsize=7,
+                     loc="outside right upper")
+
+
+def training_lengths(ax, axis: str, items, styles: list[dict[str, Any]]) -> int:
+    """Each row's training length as a dashed vertical line: one grey line when every row trained at the same
+    length, else one per length in the colour of the first row that trained at it; returns how many lengths."""
+    lengths = [((grid.get("meta") or {}).get("train_max") or {}).get(axis) for _, grid, _ in items]
+    known = [x for x in lengths if isinstance(x, (int, float))]
+    if len(set(known)) == 1:
+        ax.axvline(known[0], color="grey", linestyle="--", linewidth=1)
+        return 1
+    drawn = set()
+    for length, style in zip(lengths, styles):
+        if isinstance(length, (int, float)) and length not in drawn:
+            ax.axvline(length, color=style["color"], linestyle="--", linewidth=1, alpha=0.8)
+            drawn.add(length)
+    return len(drawn)
 
 
 def curves(task: str, name: str, items) -> Any:
     fig, ax, shade = series_axes(len(items))
     axis = items[0][1]["axes"][0]
-    for i, (row, grid, arrs) in enumerate(items):
+    styles = [series_style(i) for i in range(len(items))]
+    for (row, grid, arrs), style in zip(items, styles):
         xs = grid["axes"][0]["values"]
         mean, low, high = _band(arrs, value_bounds(grid, arrs))
-        (line,) = ax.plot(xs, mean, label=row.label + (f" ({len(arrs)} seeds)" if len(arrs) > 1 else ""),
-                          **series_style(i))
+        (line,) = ax.plot(xs, mean, label=row.label + (f" ({len(arrs)} seeds)" if len(arrs) > 1 else ""), **style)
         if low is not None:
             ax.fill_between(xs, low, high, color=line.get_color(), alpha=shade, linewidth=0)
     ax.set_xlabel(axis["name"])
     ax.set_ylabel(items[0][1].get("metric", name))
-    train_max = items[0][1].get("meta", {}).get("train_max") or {}
-    if axis["name"] in train_max:
-        ax.axvline(train_max[axis["name"]], color="grey", linestyle="--", linewidth=1)
+    marked = training_lengths(ax, axis["name"], items, styles)
     if all(isinstance(x, (int, float)) and x > 0 for x in axis["values"]) and \
             max(axis["values"]) / max(min(axis["values"]), 1e-9) > 16:
         ax.set_xscale("log", base=2)
     place_legend(ax, len(items))
     shaded = any(len(arrs) > 1 for _, _, arrs in items)
-    ax.set_title(f"{task}: {name}" + (" (mean over seeds, 95% interval shaded)" if shaded else ""), fontsize=10)
+    title = f"{task}: {name}" + (" (mean over seeds, 95% interval shaded)" if shaded else "") + \
+        {0: "", 1: "; dashed: the training length"}.get(marked, "; dashed: each row's training length")
+    ax.set_title(wrapped(title, TITLE_WIDTH), fontsize=9)
     return fig
 
 
