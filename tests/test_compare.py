@@ -535,8 +535,10 @@ def test_twelve_encodings_get_twelve_different_lines_and_a_legend_beside_them(tm
         ax = figures[stem].axes[0]
         looks = {(line.get_color(), line.get_linestyle()) for line in ax.lines if line.get_label() in names}
         assert len(looks) == 12, stem
-        legend = ax.get_legend()
-        assert legend is not None and legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1, stem
+        fig = figures[stem]
+        fig.canvas.draw()
+        legend = fig.legends[0] if fig.legends else ax.get_legend()         # beside the axes: a figure legend
+        assert legend is not None and legend.get_window_extent().x0 > ax.get_window_extent().x1 - 1, stem
     for fig in figures.values():
         pyplot().close(fig)
 
