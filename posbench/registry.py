@@ -141,12 +141,32 @@ def _origin(module: str):
 
 # ---- the registry -------------------------------------------------------------------------------------------
 
+def origin_of(module: str) -> str:
+    """Where a class of ``module`` comes from: "plugin (NAME)" while a plugin is imported; "built-in" for a module
+    posbench ships (its package lists it in ``SHIPPED``); "added to posbench (FILE)" for another file dropped into
+    posbench's folders; else "user (MODULE)"."""
+    plugin = next((p for p in reversed(_importing) if module == p or module.startswith(f"{p}.")), None)
+    if plugin is not None:
+        return f"plugin ({plugin})"
+    if not module.startswith("posbench."):
+        return f"user ({module})"
+    parts = module.split(".")
+    shipped = getattr(sys.modules.get(".".join(parts[:2])), "SHIPPED", None)
+    if shipped is None or len(parts) < 3 or parts[2] in shipped:
+        return "built-in"
+    return f"added to posbench ({'/'.join(parts[:3])})"
+
+
 class Registry(Mapping[str, type], Generic[T]):
     """A read-mostly mapping of name -> class with duplicate checks and did-you-mean errors."""
 
-    def __init__(self, kind: str, entry_point_group: str | None = None):
+    def __init__(self, kind: str, entry_point_group: str | None = None, package: str | None = None):
+        """``package``: the package whose modules register the built-in classes, imported at the first lookup (as
+        plugins are), so that a module can look a name up without importing the package itself (the model asks
+        for an encoding; the encodings import the model)."""
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self.package = package
         self._classes: dict[str, type] = {}
         self._origins: dict[str, str] = {}
         self._plugins_loaded = False
@@ -162,18 +182,18 @@ class Registry(Mapping[str, type], Generic[T]):
         self._origins[name] = origin
 
     def add_subclass(self, cls: type) -> None:
-        """Register a class that sets its own ``name`` (called from a base class's ``__init_subclass__``);
-        classes without a name of their own (abstract intermediates) are skipped."""
+        """Register a class that sets its own ``name`` (called from a base class's ``__init_subclass__``). A class
+        without a name of its own is refused (it would never be found: "unknown encoding" later), unless it says
+        ``abstract = True`` (a base class meant only to be subclassed). Its origin: a plugin, a module shipped with
+        posbench ("built-in": named in its package's ``SHIPPED``), a file added to posbench's folders, or the
+        user's own module."""
         name = cls.__dict__.get("name")
         if not name:
-            return
-        module = cls.__module__
-        plugin = next((p for p in reversed(_importing) if module == p or module.startswith(f"{p}.")), None)
-        if plugin is not None:
-            origin = f"plugin ({plugin})"
-        else:
-            origin = "built-in" if module.startswith("posbench.") else f"user ({module})"
-        self.add(name, cls, origin=origin)
+            if cls.__dict__.get("abstract"):
+                return
+            raise TypeError(f"{self.kind} class {cls.__module__}.{cls.__qualname__} has no name: set name = '...' "
+                            f"(a base class meant only to be subclassed sets abstract = True)")
+        self.add(name, cls, origin=origin_of(cls.__module__))
 
     def remove(self, name: str) -> None:
         """Unregister a name (used by tests and notebooks that redefine a class)."""
@@ -211,6 +231,8 @@ class Registry(Mapping[str, type], Generic[T]):
             return
         self._plugins_loaded = True          # first: a plugin's module reads the registry while it is imported
         try:
+            if self.package is not None:
+                importlib.import_module(self.package)
             load_plugins()
             self._load_entry_points()
         except Exception:
@@ -232,3 +254,9 @@ class Registry(Mapping[str, type], Generic[T]):
                 self.add(name, cls, origin=f"plugin ({dist})")
             else:
                 self._origins[name] = f"plugin ({dist})"
+
+
+#: the positional encodings: ``posbench.encodings`` registers the built-in ones when it is imported (at the first
+#: lookup at the latest); defined here, below both the model and the encodings, so that the model looks an encoding
+#: up without importing the encodings, which import the model
+ENCODINGS: Registry = Registry("encoding", entry_point_group="posbench.encodings", package="posbench.encodings")

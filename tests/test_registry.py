@@ -56,11 +56,11 @@ def test_subclass_registers_itself():
     assert "test-dummy" not in ENCODINGS
 
 
-def test_subclass_without_name_is_not_registered():
+def test_an_abstract_subclass_without_name_is_not_registered():
     before = set(ENCODINGS)
 
-    class Abstract(PositionalEncoding):  # no name: an intermediate base class
-        pass
+    class Abstract(PositionalEncoding):  # no name: an intermediate base class, which says so
+        abstract = True
 
     assert set(ENCODINGS) == before
 
@@ -263,3 +263,72 @@ def test_a_plugin_module_registers_with_its_name_as_origin(monkeypatch, tmp_path
         ENCODINGS.remove("test-plugin-plain")
         import sys
         sys.modules.pop("posbench_test_plugin_enc", None)
+
+
+# ---- a contract that cannot fail in silence (issue 37, item 3) ---------------------------------------------
+
+def test_a_method_that_looks_like_a_misspelled_hook_is_refused():
+    for wrong, hook in (("embedd", "embed"), ("init_weight", "init_weights"), ("rotat", "rotate")):
+        with pytest.raises(TypeError, match=rf"defines {wrong}\(\), which looks like the hook {hook}\(\) misspelled"):
+            type("Misspelled", (PositionalEncoding,), {"name": f"test-{wrong}", wrong: lambda self, *a: None,
+                                                        "__module__": __name__})
+        assert f"test-{wrong}" not in ENCODINGS
+
+
+def test_a_subclass_without_a_name_is_refused_unless_abstract():
+    with pytest.raises(TypeError, match=r"has no name: set name = '...' \(a base class meant only to be "
+                                        r"subclassed sets abstract = True\)"):
+        class Forgotten(PositionalEncoding):
+            def embed(self, x, state):
+                return x
+
+    class Base(PositionalEncoding):
+        abstract = True
+
+    class Concrete(Base):
+        name = "test-concrete"
+    try:
+        assert ENCODINGS["test-concrete"] is Concrete
+    finally:
+        ENCODINGS.remove("test-concrete")
+
+
+def test_a_file_dropped_into_posbenchs_folder_is_not_listed_as_built_in():
+    import posbench.tasks  # noqa: F401  (its SHIPPED)
+    from posbench.registry import origin_of
+
+    assert origin_of("posbench.encodings.rope") == "built-in"
+    assert origin_of("posbench.tasks.arithmetic.task") == "built-in"
+    assert origin_of("posbench.encodings.learned") == "added to posbench (posbench/encodings/learned)"
+    assert origin_of("posbench.tasks.copy_task") == "added to posbench (posbench/tasks/copy_task)"
+    assert origin_of("my_package.learned") == "user (my_package.learned)"
+
+
+def test_a_preset_written_as_a_string_or_with_an_unknown_section_names_what_is_valid(tmp_path):
+    from posbench.errors import ConfigError
+    from posbench.tasks.base import load_presets
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('tiny = "steps = 20"\n')
+    with pytest.raises(ConfigError, match=r"preset 'tiny' is str 'steps = 20', not a table: write \[tiny\]"):
+        load_presets(str(bad), "copy")
+    odd = tmp_path / "odd.toml"
+    odd.write_text("[tiny]\nmodels = { d_model = 32 }\n")
+    with pytest.raises(ConfigError, match=r"unknown sections \['models'\]; valid: model, train, task, encoding, "
+                                          r"expected, extends"):
+        load_presets(str(odd), "copy")
+
+
+def test_the_extending_guides_presets_file_loads(tmp_path):
+    import re
+    from pathlib import Path
+
+    from posbench.tasks.base import load_presets
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
+    (block,) = re.findall(r"```toml\n(# copy_task.toml.*?)```", text, re.S)
+    path = tmp_path / "copy_task.toml"
+    path.write_text(block)
+    presets = load_presets(str(path), "copy")
+    assert set(presets) == {"tiny", "small"}
+    assert presets["small"]["train"]["steps"] == 200 and presets["small"]["model"]["d_model"] == 32

@@ -73,9 +73,9 @@ from torch import Tensor, nn
 
 from posbench.model.bias import ScoreBias
 from posbench.options import Configurable
-from posbench.registry import Registry
+from posbench.registry import ENCODINGS
 
-ENCODINGS: Registry = Registry("encoding", entry_point_group="posbench.encodings")
+
 
 __all__ = ["ENCODINGS", "HOOKS", "PositionalEncoding", "rope_cos_sin", "rotate_half"]
 
@@ -103,6 +103,7 @@ class PositionalEncoding(Configurable, nn.Module):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        check_hook_names(cls)
         cls.task_context = tuple(key for key, o in cls.OPTIONS.items() if o.from_task and not o.task_optional)
         cls.task_hints = tuple(key for key, o in cls.OPTIONS.items() if o.from_task and o.task_optional)
         ENCODINGS.add_subclass(cls)
@@ -155,6 +156,22 @@ class PositionalEncoding(Configurable, nn.Module):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+
+
+def check_hook_names(cls: type) -> None:
+    """Refuse a method that looks like a misspelled hook (``embedd``, ``init_weight``): the model would never call
+    it, and the encoding would silently put no signal in (NoPE). A ``TypeError`` naming the hook it resembles."""
+    import difflib
+
+    known = set(dir(nn.Module)) | set(dir(PositionalEncoding))
+    for attr, value in cls.__dict__.items():
+        if attr.startswith("_") or attr in known or not callable(value):
+            continue
+        close = difflib.get_close_matches(attr, HOOKS, n=1, cutoff=0.8)
+        if close:
+            raise TypeError(f"encoding '{cls.__dict__.get('name', cls.__qualname__)}' defines {attr}(), which looks "
+                            f"like the hook {close[0]}() misspelled: the model calls only {', '.join(HOOKS)}; "
+                            f"rename it (or name a helper less like a hook)")
 
 
 def rotate_half(x: Tensor) -> Tensor:

@@ -7,9 +7,10 @@
 - ``bias.py``: ``ScoreBias``, a logit bias written once for every backend;
 - ``generate.py``: KV caches (growing and static) and greedy decoding, compiled or not.
 
-The encodings (``posbench.encodings``) import ``bias.py`` and ``generate.py``, and ``transformer.py`` imports the
-encodings' registry from ``posbench.encodings.base`` (not from the package, which may be still importing this one):
-so either package can be imported first.
+The encodings (``posbench.encodings``) import ``bias.py`` and ``generate.py``; ``transformer.py`` never imports
+the encodings: it looks an encoding up in ``posbench.registry.ENCODINGS``, where they register (the registry imports
+the encodings' package at its first lookup), or takes one built (``Transformer(cfg, encoding)``). So either package
+can be imported first, and every import runs down.
 """
 
 from posbench.model.config import ModelConfig

@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posbench.encodings.base import ENCODINGS     # the module, not the package: see posbench/model/__init__.py
 from posbench.model.attention import attend, slot_attention
 from posbench.model.bias import ScoreBias, table_rows
 from posbench.model.config import ModelConfig
 from posbench.model.generate import (Decoder, KVCache, LayerCache, StaticCache, StaticLayerCache, greedy_generate,
                                      shared_rows)
 from posbench.model.padding import PAD_TOKEN, check_continuation, mask_positions, real_tokens
+from posbench.registry import ENCODINGS       # the encodings register there; this module never imports them
 
 
 def default_positions(n: int, device: torch.device, cache: Any, mask: Tensor | None = None) -> Tensor:
@@ -160,11 +160,14 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, encoding: nn.Module | None = None):
+        """``encoding``: a built positional encoding for this shape (default: ``cfg.encoding`` with its options,
+        built from the registry)."""
         super().__init__()
-        encoding_cls = ENCODINGS.get(cfg.encoding)
-        self.encoding = encoding_cls(cfg.n_layers, cfg.n_heads, cfg.head_dim, cfg.d_model, cfg.max_seq_len,
-                                     **cfg.encoding_options)
+        if encoding is None:
+            encoding = ENCODINGS.get(cfg.encoding)(cfg.n_layers, cfg.n_heads, cfg.head_dim, cfg.d_model,
+                                                   cfg.max_seq_len, **cfg.encoding_options)
+        self.encoding = encoding
         cfg.encoding_options = dict(self.encoding.options)   # record every resolved option
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)

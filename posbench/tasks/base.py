@@ -260,6 +260,10 @@ def load_presets(path: str, task_name: str) -> dict[str, dict[str, Any]]:
         raw = tomllib.load(fh)
     table: dict[str, dict[str, Any]] = {}
     for name, preset in raw.items():
+        if not isinstance(preset, dict):
+            raise ConfigError(f"{file.name}: preset '{name}' is {type(preset).__name__} {preset!r}, not a table: write "
+                              f"[{name}] and under it {', '.join(PRESET_SECTIONS)} (each a table of settings, "
+                              f"e.g. train = {{ steps = 20 }}) or extends = \"task.preset\"")
         base: dict[str, Any] = {}
         if "extends" in preset:
             task, _, other = str(preset["extends"]).partition(".")
@@ -271,7 +275,8 @@ def load_presets(path: str, task_name: str) -> dict[str, dict[str, Any]]:
                   for section in PRESET_SECTIONS if section in base or section in preset}
         unknown = sorted(set(preset) - set(PRESET_SECTIONS) - {"extends"})
         if unknown:
-            raise ConfigError(f"{file.name}: preset '{name}' has unknown sections {unknown}")
+            raise ConfigError(f"{file.name}: preset '{name}' has unknown sections {unknown}; valid: "
+                              f"{', '.join(PRESET_SECTIONS)}, extends")
         table[name] = merged
     return table
 

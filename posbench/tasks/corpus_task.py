@@ -140,6 +140,8 @@ class CorpusTask(TokenizerMixin, Task):
     """Common base of ``pretrain`` and ``perplexity``: a corpus, a tokenizer, a chunked training stream and a
     held-out token stream."""
 
+    abstract = True            # a base of pretrain and perplexity, not a task of its own
+
     OPTIONS = {
         "data": Option("stdlib", "corpus: stdlib (built in), a .jsonl/.json/.parquet/.txt file or directory, or a hub "
                        "name"),
