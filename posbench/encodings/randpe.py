@@ -7,35 +7,42 @@ positions are ``D`` itself. The span covers the longest evaluation, so that ever
 was seen in training (Ruoss et al.'s ``noise_max_length``, larger than the longest test; their only configuration
 uses 2,048 for training at 40 tokens). If N exceeds the span the positions are 0..N-1, as the TAPE reference does.
 
-The span is ``max(range_factor, eval_length_factor) x max_seq_len``: ``range_factor`` (default 2, the TAPE
+The span is ``max(range_factor, eval_length_factor) x max_seq_len`` (at least the longest evaluation): ``range_factor`` (default 2, the TAPE
 reference's 2 x its training length) and ``eval_length_factor``, which the task gives (its longest evaluation as a
 multiple of the training length: 8 for perplexity's default 1-8x, 4 for passkey's 1-4x; 0 where a task does not
 say, and then the range factor alone).
 
 At evaluation the positions are random too (``eval_random``, default true), as in both releases (Ruoss et al.'s
 ``range_evaluation.py`` applies the same noisy model; the TAPE reference's ``randrope.py`` has no training check).
-They come from a generator of this module seeded with ``eval_seed`` (recorded with the options) and reset whenever
-the model is put in eval mode, so an evaluation is repeatable and does not depend on how long the model trained.
-Padded rows map each row's own positions through the same draw, so a padded row sees what it sees alone.
+Each sequence gets its own draw, from a generator seeded with ``eval_seed`` (recorded with the options) and the
+sequence's tokens (a hash of them): an evaluation is repeatable, two windows of text get independent draws, and a
+number never depends on how the windows are batched or split between processes. A row of a padded batch draws as
+many positions as it has real tokens, as it would alone. At the longest evaluation the draw takes every position of
+the span (the span is that length), in order: what the model read in training, 0..N-1 itself.
 
-With a KV cache (generation) the first call draws ``D`` for its tokens and ``DECODE_RESERVE`` more (as many as the
-span holds), keeps it in the cache's memory, and later tokens read their positions from it: the prompt and up to 64
-generated tokens are one sorted draw, as one sequence of that length would be (passkey decodes at most 6). A token
-past the reserve takes the position after the last one.
+With a KV cache (generation) the first call draws the positions of the whole sequence the cache was made for (the
+prompt and the new tokens: ``posbench.model.generate.PLANNED``, which greedy decoding sets; else the prompt and
+``DECODE_RESERVE`` more, as many as the span holds), keyed on the prompt, and keeps the draw in the cache's memory;
+later tokens read their positions from it. So a prompt and its answer are one sorted draw of the sequence's
+length, as in training. A token past the draw takes the position after the last one.
 
 Options that differ from a release, each documented:
 - ``per_layer`` (default False): both releases draw anew in every attention layer (each layer owns its sampler);
   Ruoss et al.'s paper describes one subset per sequence, which we follow by default so that every layer sees
   the same token order; set True for the releases' behaviour (training only: evaluation draws once).
-- ``eval_random=false`` evaluates at 0..N-1 (posbench's behaviour before version 2 of its CPU study).
+- ``eval_random=false`` evaluates at 0..N-1 (what posbench did before issue 34; its CPU study version 1).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import torch
 from torch import Tensor
 
 from posbench.encodings.base import rope_cos_sin
+from posbench.model.generate import PLANNED
+from posbench.model.padding import PAD_TOKEN
 from posbench.encodings.rope import RoPE, apply_rotary
 from posbench.options import Option, at_least, positive
 
@@ -65,49 +72,64 @@ class RandPE(RoPE):
         super().__init__(*args, **kwargs)
         factor = max(float(self.options["range_factor"]), float(self.options["eval_length_factor"]))
         self.span = int(round(factor * self.max_seq_len))
-        self.eval_generator = torch.Generator().manual_seed(self.options["eval_seed"])
-
-    def train(self, mode: bool = True):
-        if not mode:            # every evaluation starts from the same draws
-            self.eval_generator.manual_seed(self.options["eval_seed"])
-        return super().train(mode)
 
     def random(self) -> bool:
         return self.training or self.options["eval_random"]
 
-    def draw(self, count: int, device: torch.device) -> Tensor:
-        """A sorted random subset of ``[0, span)`` of ``count`` positions (training: torch's generator on the
-        device; evaluation: this module's seeded generator)."""
-        if self.training:
-            return torch.randperm(self.span, device=device)[:count].sort().values
-        return torch.randperm(self.span, generator=self.eval_generator)[:count].sort().values.to(device)
+    def training_draw(self, count: int, device: torch.device) -> Tensor:
+        """A sorted random subset of ``[0, span)`` of ``count`` positions, from torch's generator on the device."""
+        return torch.randperm(self.span, device=device)[:count].sort().values
 
-    def sample_positions(self, positions: Tensor, memory: dict | None = None) -> Tensor:
-        """The positions RoPE rotates by: each position p read from a sorted random draw ``D[p]`` (positions
+    def evaluation_draw(self, tokens: Tensor, count: int) -> Tensor:
+        """A sorted random subset of ``[0, span)`` of ``count`` positions for the sequence ``tokens`` (one row),
+        from a generator seeded with ``eval_seed`` and a hash of the tokens (on the host: one randperm of the span)."""
+        digest = hashlib.blake2b(tokens.detach().to("cpu", torch.int64).numpy().tobytes(), digest_size=8,
+                                 key=str(self.options["eval_seed"]).encode())
+        generator = torch.Generator().manual_seed(int.from_bytes(digest.digest(), "little") >> 1)
+        return torch.randperm(self.span, generator=generator)[:count].sort().values.to(tokens.device)
+
+    def sample_positions(self, positions: Tensor, tokens: Tensor | None = None, memory: dict | None = None) -> Tensor:
+        """The positions RoPE rotates by: each row's position p read from a sorted random draw, ``D[p]`` (positions
         unchanged when not random, or when a sequence is longer than the span)."""
         if not self.random():
             return positions
-        if memory is None or self.training:           # one pass: a draw of as many positions as tokens
+        if self.training:                              # one draw for the batch, as many positions as tokens
             n = positions.shape[-1]
             if n > self.span:
                 return positions
             index = positions - positions.amin(dim=-1, keepdim=True)     # each row from 0 (a pad reads 0)
-            return self.draw(n, positions.device)[index.clamp(max=n - 1)]
-        draw = memory.get(DRAW)
-        if draw is None:
-            n = positions.shape[-1]
-            if n > self.span:
-                return positions
-            draw = memory[DRAW] = self.draw(min(n + DECODE_RESERVE, self.span), positions.device)
-        index = positions.clamp(min=0)
-        beyond = (index - (draw.shape[0] - 1)).clamp(min=0)          # past the reserve: one after another
-        return draw[index.clamp(max=draw.shape[0] - 1)] + beyond
+            return self.training_draw(n, positions.device)[index.clamp(max=n - 1)]
+        if tokens is None:                             # no sequence to key the draw on: the reference's draw
+            tokens = positions
+        if memory is not None and DRAW in memory:      # a cached sequence's later tokens
+            draw = memory[DRAW]
+        else:
+            real = (tokens != PAD_TOKEN).sum(dim=-1)
+            planned = memory.get(PLANNED) if memory is not None else None
+            rows = []
+            for row in range(tokens.shape[0]):
+                count = int(real[row]) if planned is None else int(planned) - (tokens.shape[-1] - int(real[row]))
+                if memory is not None and planned is None:
+                    count = min(count + DECODE_RESERVE, self.span)
+                if count > self.span:
+                    return positions
+                rows.append(self.evaluation_draw(tokens[row][tokens[row] != PAD_TOKEN], max(count, 1)))
+            width = max(len(r) for r in rows)
+            draw = torch.stack([torch.cat((r, r[-1:] + torch.arange(1, width - len(r) + 1, device=r.device)))
+                                for r in rows])                 # rows padded past their own draw (never read)
+            if memory is not None:
+                memory[DRAW] = draw
+        index = positions.expand(draw.shape[0], -1).clamp(min=0)
+        last = draw.shape[-1] - 1
+        beyond = (index - last).clamp(min=0)                     # past the draw: one after another
+        return draw.gather(-1, index.clamp(max=last)) + beyond
 
-    def angles(self, positions: Tensor, memory: dict | None = None) -> tuple[Tensor, Tensor]:
-        return rope_cos_sin(self.sample_positions(positions, memory), self.head_dim, self.options["theta"])
+    def angles(self, positions: Tensor, tokens: Tensor | None = None, memory: dict | None = None
+               ) -> tuple[Tensor, Tensor]:
+        return rope_cos_sin(self.sample_positions(positions, tokens, memory), self.head_dim, self.options["theta"])
 
     def init_state(self, positions: Tensor, tokens: Tensor, memory):
-        return positions, self.angles(positions, memory)
+        return positions, self.angles(positions, tokens, memory)
 
     def rotate(self, layer: int, q: Tensor, k: Tensor, state) -> tuple[Tensor, Tensor]:
         positions, (cos, sin) = state

@@ -49,6 +49,12 @@ UNWRITTEN = 2**31 - 1
 CAPACITY_STEP = 256
 
 
+#: the key of a cache's ``memory`` that holds, as an int, how many tokens its maker will put in it (the prompt and
+#: the new tokens: greedy decoding knows; absent otherwise). An encoding may read it (RandPE draws the positions of
+#: the whole sequence at the first call).
+PLANNED = "planned_length"
+
+
 def shared_rows(positions: Tensor) -> bool:
     """Every row of ``positions [B, N]`` is the same row (one row, or rows expanded from one)."""
     return positions.shape[0] == 1 or positions.stride(0) == 0
@@ -280,6 +286,7 @@ class Decoder:
         """A cache for the prompt and ``extra`` more tokens, and the first new token ``[B]``."""
         padded = attention_mask is not None and not bool(attention_mask.all())
         cache = self.cache_for(prompt.shape[0], prompt.shape[1] + extra, prompt.device, padded)
+        cache.memory[PLANNED] = prompt.shape[1] + extra
         return cache, self.model(prompt, cache=cache, attention_mask=attention_mask)[:, -1].argmax(-1)
 
     def next(self, token: Tensor, cache: StaticCache) -> Tensor:
@@ -290,7 +297,8 @@ class Decoder:
             torch.compiler.cudagraph_mark_step_begin()
         out = self.step(self.model, token[:, None], cache).clone()
         for key, value in cache.memory.items():
-            cache.memory[key] = value.clone()
+            if isinstance(value, Tensor):
+                cache.memory[key] = value.clone()
         return out
 
     @torch.no_grad()
@@ -329,6 +337,8 @@ def greedy_generate(model, prompt: Tensor, max_new_tokens: int, eos_id: int | No
         b = prompt.shape[0]
         new = prompt.new_full((b, max_new_tokens), eos_id if eos_id is not None else 0)
         cache = model.new_cache(prompt.shape[1] + max_new_tokens) if use_cache else None
+        if cache is not None:
+            cache.memory[PLANNED] = prompt.shape[1] + max_new_tokens
         tokens, step_input, mask = prompt, prompt, attention_mask
         done = torch.zeros(b, dtype=torch.bool, device=prompt.device)
         for step in range(max_new_tokens):
