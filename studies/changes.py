@@ -12,10 +12,11 @@ before/after view). tests/test_study_tables.py checks that a committed changes.m
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from posbench.evaluation.outcome import as_number
 
 
 def means(runs: Path) -> dict[str, dict[str, dict[str, list[float]]]]:
@@ -24,13 +25,14 @@ def means(runs: Path) -> dict[str, dict[str, dict[str, list[float]]]]:
     for path in sorted(runs.glob("*/result.json")):
         record = json.loads(path.read_text())
         for name, metric in (record.get("metrics") or {}).items():
-            value = metric.get("value") if isinstance(metric, dict) else None
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                found[record["task"]][name][record["encoding"]].append(float(value))
+            value = as_number(metric.get("value")) if isinstance(metric, dict) else None
+            if isinstance(value, float):               # an infinity (a diverged seed) counts, and shows as inf
+                found[record["task"]][name][record["encoding"]].append(value)
     return found
 
 
 def fmt(values: list[float]) -> str:
+    """The mean, ``inf`` when a seed diverged (then no change is computed), ``-`` without a seed."""
     return f"{sum(values) / len(values):.2f}" if values else "-"
 
 

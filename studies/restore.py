@@ -33,7 +33,9 @@ def restore(page: Path, out: Path) -> list[str]:
         record = json.loads(result.read_text())
         run_dir = cell_dir / record["task"] / record["encoding"] / record["run_id"]
         run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(run_dir / "config.json", record["config"])
+        config = {k: v for k, v in record["config"].items() if k != "model_config"}    # as runs/store.py writes
+        atomic_write_json(run_dir / "config.json", {"config": config, "created": record.get("created"),
+                                                    "command": record.get("command") or []})
         for name in COPIED[1:]:
             if (result.parent / name).is_file():
                 atomic_write_text(run_dir / name, (result.parent / name).read_text())

@@ -48,3 +48,9 @@ def test_the_table_marks_a_cell_still_learning():
     assert lines[2] == "| a | 1000 | 2.0000 | 1.9900 | +0.0100 | yes |"
     assert lines[3] == "| b | 1000 | 2.0000 | 1.5000 | +0.5000 | **no** |"
     assert lines[4] == "| c | - | - | - | - | too few logged steps |"
+
+
+def test_a_diverged_run_has_no_verdict_on_learning():
+    found = plateau(history(2.0, float("nan")))
+    assert found.diverged and not found.stopped
+    assert "diverged (a non-finite loss)" in plateau_table({"a": {"training": {"loss_history": history(2.0, float("inf"))}}})

@@ -141,3 +141,17 @@ def test_docs_have_one_row_per_encoding_in_the_initialisation_table():
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     named = {line.split("`")[1] for line in rows}
     assert named == set(BUILTIN), sorted(set(BUILTIN) ^ named)
+
+
+def test_a_t5_run_saved_before_its_scale_existed_exports_with_scale_one(tmp_path):
+    """posbench export loads a checkpoint without ``encoding.scale`` (a T5 run from before issue 34): the export
+    computes with scale 1, the bias that run was trained with, and the record of the model says so."""
+    from posbench.hf.export import _load_into
+    from posbench.hf.modeling import PosbenchConfig, PosbenchForCausalLM
+
+    m = model("t5", layers=2)
+    old = {f"model.{k}": v for k, v in m.state_dict().items() if k != "encoding.scale"}
+    with torch.device("meta"):
+        hf = PosbenchForCausalLM(PosbenchConfig.from_model_config(m.config))
+    _load_into(hf, old, tmp_path)
+    assert hf.model.encoding.scale.item() == 1.0 and hf.model.config.encoding_options["scale"] == 1.0

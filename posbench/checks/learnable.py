@@ -96,8 +96,8 @@ def check_learnable(report: Report, name: str, task: str | None = None, preset: 
     groups = {id(p): group for group in make_optimizer(model, train).param_groups for p in group["params"]}
     budget = f"{task} preset '{config.preset}': {train.steps} steps"
     factor = summed_lr(train) / train.lr if train.lr else 0.0
-    moved = moved_parameters(model, params, tokens, {n: factor * groups[id(p)]["lr"] if id(p) in groups else
-                                                     factor * train.lr for n, p in params.items()})
+    moved = moved_parameters(model, params, tokens, {n: factor * groups[id(p)]["lr"] for n, p in params.items()
+                                                     if p.requires_grad and id(p) in groups})
     on_embeddings = type(model.encoding).embed is not PositionalEncoding.embed
     measure = partial(added_to_embeddings if on_embeddings else logits_of, model, tokens)
     change = largest_embedding_change if on_embeddings else largest_change
@@ -154,7 +154,8 @@ def moved_parameters(model, params: dict[str, Tensor], tokens: Tensor, steps: di
             else [None] * len(trainable)
     direction = {n: (torch.ones_like(p) if g is None else torch.where(g == 0, 1.0, g.sign()))
                  for (n, p), g in zip(trainable.items(), grads)}
-    return {n: (p + steps[n] * direction.get(n, torch.ones_like(p))).detach() for n, p in params.items()}
+    return {n: (p + steps[n] * direction[n]).detach() if n in steps and n in direction else p.detach().clone()
+            for n, p in params.items()}         # what training cannot move (frozen, skipped) stays
 
 
 def near_minus_far(scores: Tensor) -> Tensor:

@@ -168,7 +168,8 @@ class Transformer(nn.Module):
             encoding = ENCODINGS.get(cfg.encoding)(cfg.n_layers, cfg.n_heads, cfg.head_dim, cfg.d_model,
                                                    cfg.max_seq_len, **cfg.encoding_options)
         self.encoding = encoding
-        cfg.encoding_options = dict(self.encoding.options)   # record every resolved option
+        cfg.encoding_options = self.encoding.options   # every resolved option, recorded (the same dict: an option
+                                                       # a legacy checkpoint changes as it loads shows in the record)
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))

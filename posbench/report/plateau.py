@@ -12,6 +12,7 @@ longer schedule would.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ class Plateau:
     earlier: float          # mean loss of the window before the last
     last: float             # mean loss of the last window
     stopped: bool
+    diverged: bool = False  # a non-finite loss in either window: no verdict on learning
 
     @property
     def drop(self) -> float:
@@ -40,6 +42,8 @@ def plateau(history: list[tuple[int, float]] | list[list[Any]]) -> Plateau | Non
     last = [loss for _, loss in points[-width:]]
     earlier = [loss for _, loss in points[-2 * width:-width]]
     mean_last, mean_earlier = sum(last) / len(last), sum(earlier) / len(earlier)
+    if not (math.isfinite(mean_last) and math.isfinite(mean_earlier)):
+        return Plateau(points[-1][0], mean_earlier, mean_last, False, diverged=True)
     return Plateau(points[-1][0], mean_earlier, mean_last,
                    mean_earlier - mean_last < max(REL * mean_earlier, ABS))
 
@@ -54,6 +58,7 @@ def plateau_table(records: dict[str, dict[str, Any]]) -> str:
         if found is None:
             lines.append(f"| {cell} | - | - | - | - | too few logged steps |")
             continue
+        verdict = "diverged (a non-finite loss)" if found.diverged else ("yes" if found.stopped else "**no**")
         lines.append(f"| {cell} | {found.steps} | {found.earlier:.4f} | {found.last:.4f} | {found.drop:+.4f} | "
-                     f"{'yes' if found.stopped else '**no**'} |")
+                     f"{verdict} |")
     return "\n".join(lines) + "\n"

@@ -278,7 +278,10 @@ class Bench(Task):
         steps: dict[str, Callable[[], float]] = {}
         recompiled: set[str] = set()
         limit = max(8, 2 * len(group))
-        with torch._dynamo.config.patch(recompile_limit=limit, accumulated_recompile_limit=max(256, 8 * limit)):
+        config = torch._dynamo.config
+        names = {"recompile_limit": limit, "cache_size_limit": limit, "accumulated_recompile_limit": 8 * limit,
+                 "accumulated_cache_size_limit": 8 * limit}             # the names differ between torch releases
+        with config.patch(**{k: max(v, getattr(config, k)) for k, v in names.items() if hasattr(config, k)}):
             for cell in group:
                 graphs, breaks = speed.compile_counts()
                 step = self.prepare(cell, device, precision)
