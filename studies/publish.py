@@ -138,14 +138,24 @@ def plateaus(runs: Path) -> str:
     return plateau_table(records)
 
 
+PLATEAU_QUOTE = re.compile(r"(<!-- plateau\.md -->\n)(.*?)(<!-- /plateau\.md -->)", re.S)
+
+
+def refresh_plateau(page_text: str, plateau_text: str) -> str:
+    """The page's copy of plateau.md (between ``<!-- plateau.md -->`` and ``<!-- /plateau.md -->``), rewritten."""
+    return PLATEAU_QUOTE.sub(lambda m: m.group(1) + plateau_text + m.group(3), page_text)
+
+
 def write_page(page: Path, text_page: Path | None = None) -> None:
     atomic_write_text(page / TABLES, tables(page / RUNS))
     atomic_write_text(page / PLATEAU, plateaus(page / RUNS))
     text_page = text_page or page.with_suffix(".md")
     if text_page.is_file():
-        atomic_write_text(text_page, refresh_quotes(text_page.read_text(), (page / TABLES).read_text()))
-    compare(page / RUNS, "--against", AGAINST[0], "--plots", str(page / FIGURES), "--html", str(page / REPORT),
-            "--force")
+        text = refresh_quotes(text_page.read_text(), (page / TABLES).read_text())
+        atomic_write_text(text_page, refresh_plateau(text, (page / PLATEAU).read_text()))
+    present = encodings(page / RUNS)
+    baseline = next((["--against", name] for name in AGAINST if name in present), [])   # none until one has run
+    compare(page / RUNS, *baseline, "--plots", str(page / FIGURES), "--html", str(page / REPORT), "--force")
 
 
 def main(argv: list[str]) -> int:

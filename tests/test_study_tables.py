@@ -53,6 +53,8 @@ def test_the_cpu_pages_quote_their_tables_word_for_word(study):
     for block in blocks:
         assert block and block in tables, block[:200]
     assert publish.refresh_quotes(page, tables) == page, "rewrite the page: python studies/publish.py ..."
+    if "<!-- plateau.md -->" in page:
+        assert publish.refresh_plateau(page, (folder / publish.PLATEAU).read_text()) == page
 
 
 def test_a_quote_that_drifted_is_rewritten_and_an_unknown_one_refused():
