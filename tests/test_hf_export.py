@@ -331,7 +331,7 @@ def test_an_exported_rope_model_extends_with_lora_and_is_an_init(runs, tmp_path,
     code, stdout, stderr = _run(capsys, "extend", "--model", out, "--method", "lora", "--length", length, "--data",
                                 "stdlib", "--preset", "tiny", "-q", "-o", tmp_path / "results")
     assert code == 0, stderr
-    run = _one(tmp_path / "results", "extend", "llama+lora")
+    run = _one(tmp_path / "results", "extend", "rope+lora")         # posbench's RoPE model, extended (issue 36)
     result = json.loads((run / "result.json").read_text())
     assert result["training"]["steps"] == 2 and result["metrics"]["val_ppl"]["value"] > 1
     assert result["data"]["tokenizer"]["eos_id"] == 257 and result["model"]["base_model"]["name"] == str(out)
