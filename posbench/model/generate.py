@@ -337,7 +337,7 @@ def greedy_generate(model, prompt: Tensor, max_new_tokens: int, eos_id: int | No
         b = prompt.shape[0]
         new = prompt.new_full((b, max_new_tokens), eos_id if eos_id is not None else 0)
         cache = model.new_cache(prompt.shape[1] + max_new_tokens) if use_cache else None
-        if cache is not None:
+        if isinstance(getattr(cache, "memory", None), dict):     # posbench's caches (not transformers')
             cache.memory[PLANNED] = prompt.shape[1] + max_new_tokens
         tokens, step_input, mask = prompt, prompt, attention_mask
         done = torch.zeros(b, dtype=torch.bool, device=prompt.device)
