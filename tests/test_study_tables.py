@@ -30,6 +30,8 @@ CPU = ROOT / "docs" / "studies" / "cpu"
 CPU_V1, CPU_V2 = CPU / "v1", CPU / "v2"
 #: each published CPU study's folder and its page
 PAGES = {"cpu-v1": (CPU_V1, CPU / "v1.md"), "cpu-v2": (CPU_V2, ROOT / "docs" / "studies" / "cpu.md")}
+#: how many tables each page quotes at least (version 2 quotes more as its cells finish)
+QUOTES = {"cpu-v1": 3, "cpu-v2": 1}
 
 
 @pytest.mark.parametrize("page", [FIXTURE, CPU_V1, CPU_V2], ids=["fixture", "cpu-v1", "cpu-v2"])
@@ -49,7 +51,7 @@ def test_the_cpu_pages_quote_their_tables_word_for_word(study):
     page = text_page.read_text()
     tables = (folder / publish.TABLES).read_text()
     blocks = [m.group(4).strip("\n") for m in publish.QUOTE.finditer(page)]
-    assert len(blocks) >= 2, f"{text_page} quotes fewer tables than it did"
+    assert len(blocks) >= QUOTES[study], f"{text_page} quotes fewer tables than it did"
     for block in blocks:
         assert block and block in tables, block[:200]
     assert publish.refresh_quotes(page, tables) == page, "rewrite the page: python studies/publish.py ..."
