@@ -162,27 +162,21 @@ class Bench(Task):
             progress(done[0])
         for length, batch in zip(self.opts["lengths"], self.opts["batch"]):
             group = [Cell(encoding, length, batch) for encoding in self.opts["encodings"]]
-            if device.type != "cuda" and self.compiled(device):
-                self.time_compiled_in_turns(group, device, precision, tick)
-                release(device)
-                for cell in group:
-                    summarise(cell, self.opts, peak)
-                cells += group
-                self.keep(cells)
-            elif device.type == "cuda":
+            if device.type == "cuda":
                 for cell in group:
                     self.time_alone(cell, device, precision, tick)
                     release(device)                 # the cell's model is gone before the next one is built
                     summarise(cell, self.opts, peak)
                     self.keep(cells + [cell])
                     cells.append(cell)
-            else:
-                self.time_round_robin(group, device, precision, tick)
-                release(device)
-                for cell in group:
-                    summarise(cell, self.opts, peak)
-                cells += group
-                self.keep(cells)
+                continue
+            in_turns = self.time_compiled_in_turns if self.compiled(device) else self.time_round_robin
+            in_turns(group, device, precision, tick)
+            release(device)
+            for cell in group:
+                summarise(cell, self.opts, peak)
+            cells += group
+            self.keep(cells)
         ratios(cells)
         return cells
 
