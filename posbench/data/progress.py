@@ -46,23 +46,14 @@ def library_progress(enabled: bool) -> None:
 
 @contextlib.contextmanager
 def library_bars_off() -> Iterator[None]:
-    """Inside: no progress bars from transformers or huggingface_hub (writing or loading a model's few local shards
-    is not long work: ``posbench export`` printed a bar per file); after it, the current setting again."""
-    global _ENABLED
+    """Inside: no library or data bars (writing or loading a model's few local shards is not long work:
+    ``posbench export`` printed a bar per file); after it, the setting it had."""
     before = _ENABLED
-    _ENABLED = False
+    library_progress(False)
     try:
-        for name in ("transformers", "huggingface_hub"):
-            module = sys.modules.get(name)
-            if module is not None:
-                apply_to(module)
         yield
     finally:
-        _ENABLED = before
-        for name in ("transformers", "huggingface_hub"):
-            module = sys.modules.get(name)
-            if module is not None:
-                apply_to(module)
+        library_progress(before)
 
 
 def progress_enabled() -> bool:

@@ -1,14 +1,14 @@
 """Randomised RoPE (Ruoss et al., ACL 2023): RoPE at an ordered random subset of a range longer than any sequence
 the model is tested on, in training and at evaluation alike.
 
-A forward pass draws one sorted subset ``D = sort(randperm(span)[:n])`` of ``[0, span)`` (shared by the rows of the
-batch) and rotates the token at position p by RoPE at position ``D[p]``: for ordinary positions 0..N-1 the
-positions are ``D`` itself. The span covers the longest evaluation, so that every position a test sequence reads
+A sequence's positions come from one sorted subset ``D = sort(randperm(span)[:n])`` of ``[0, span)``: the token at
+position p is rotated by RoPE at position ``D[p]`` (for ordinary positions 0..N-1 the positions are ``D`` itself).
+While training one draw serves the whole batch; at evaluation each sequence has its own (below). The span covers the longest evaluation, so that every position a test sequence reads
 was seen in training (Ruoss et al.'s ``noise_max_length``, larger than the longest test; their only configuration
 uses 2,048 for training at 40 tokens). If N exceeds the span the positions are 0..N-1, as the TAPE reference does.
 
-The span is ``max(range_factor, eval_length_factor) x max_seq_len`` (at least the longest evaluation): ``range_factor`` (default 2, the TAPE
-reference's 2 x its training length) and ``eval_length_factor``, which the task gives (its longest evaluation as a
+The span is ``max(range_factor, eval_length_factor) x max_seq_len``, at least the longest evaluation:
+``range_factor`` (default 2, the TAPE reference's 2 x its training length) and ``eval_length_factor``, which the task gives (its longest evaluation as a
 multiple of the training length: 8 for perplexity's default 1-8x, 4 for passkey's 1-4x; 0 where a task does not
 say, and then the range factor alone).
 
@@ -62,7 +62,7 @@ class RandPE(RoPE):
         "per_layer": Option(False, "new positions in every layer while training (the releases; default: one draw "
                                    "per pass, as the paper describes)"),
         "eval_random": Option(True, "random positions at evaluation too (Ruoss et al.; false: 0..N-1)"),
-        "eval_seed": Option(0, "seed of the evaluation's draws (reset each time the model enters eval mode)",
+        "eval_seed": Option(0, "seed of the evaluation's draws (each sequence's draw: this seed and its tokens)",
                             at_least(0)),
     }
 

@@ -7,8 +7,9 @@ form one row). Left out, because they change how fast a run goes but not what it
 floating-point rounding): ``seed`` (the dimension that is pooled), ``device`` (the precision that the device
 implied stays in), ``train.threads``, ``train.compile``, ``model.attention`` (every backend computes the same
 attention), ``task.eval_batch_size``, ``train.log_every``, ``train.checkpoint_every`` and ``task.cells_to``
-(where a bench also appended its cells); and ``preset``, whose content is in the resolved settings. Runs whose settings differ by anything else are never pooled: each set
-of settings gets its own row, labelled with what sets it apart.
+(where a bench also appended its cells); and ``preset``, whose content is in the resolved settings. Runs whose
+settings differ by anything else are never pooled: each set of settings gets its own row, labelled with what sets
+it apart.
 
 The version of the task that made a run (``task_version``, 1 for records written before versions existed) is
 a setting too, counted only when it is not 1 (so that the runs and fingerprints of version 1 stay as they
