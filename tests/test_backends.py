@@ -267,7 +267,7 @@ def test_auto_in_a_training_model_runs_and_matches_eager(encoding):
 
 
 def test_flex_kernel_options_from_the_environment(monkeypatch):
-    assert attention.flex_kernel_options() == attention.FLEX_TRAIN_OPTIONS
+    assert attention.flex_kernel_options() == attention.FLEX_KERNEL_OPTIONS
     monkeypatch.setenv("POSBENCH_FLEX_OPTIONS", '{"bwd_BLOCK_M1": 16, "num_stages": 1}')
     assert attention.flex_kernel_options() == {"bwd_BLOCK_M1": 16, "num_stages": 1}
     monkeypatch.setenv("POSBENCH_FLEX_OPTIONS", "not json")

@@ -31,7 +31,8 @@ SCRIPT = ROOT / "benchmarks" / "gpu" / "run.sh"
 
 def script_env(tmp_path: Path, pythonpath: str = "", **extra: str) -> dict[str, str]:
     return {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "SIZE": "tiny",
-            "DEVICE": "cpu", "PYTHON": sys.executable, "PYTHONPATH": pythonpath, **extra}
+            "DEVICE": "cpu", "PYTHON": sys.executable, "PYTHONPATH": pythonpath,
+            "WHEELS": str(tmp_path / "no-wheels"), **extra}     # a checkout's .whl/ holds the GPU python's wheels
 
 
 def run_call(tmp_path: Path, pythonpath: str = "", **extra: str) -> subprocess.CompletedProcess:

@@ -19,6 +19,8 @@
 #   run.log      each phase's start, limit and exit, and the benches' output
 #   tests.log    pytest -v, one line per test as it finishes (first tests, then the others)
 #   cells.jsonl  every bench cell, one JSON line, appended the moment it finishes (``posbench bench --cells-to``)
+# A second call on what is left of the 15 minutes: BUDGET (seconds), ENCODINGS (comma list, in the order wanted),
+# FIRST (the first tests' pytest arguments) and SKIP (phase names: "others", "train-1024", "memory-8k", "decode").
 # SIZE=tiny DEVICE=cpu runs the same plan on a CPU with a tiny model in about a minute (tests/test_gpu_scripts.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,6 +30,10 @@ DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
 WORK=${WORK:-/tmp/posbench-gpu-work}
 BUDGET=${BUDGET:-540}
+WHEELS=${WHEELS:-.whl}      # the carried wheels (built for the GPU machine's python 3.12)
+FIRST=${FIRST:-tests/test_gpu_first.py}
+eval "FIRST_ARGS=($FIRST)"
+SKIP=" ${SKIP:-} "
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1 OUT
 LOG="$OUT/run.log"
@@ -40,6 +46,10 @@ phase() {  # name, most seconds, then the command: run within what is left of th
   shift 2
   limit=$(left)
   (( limit > most )) && limit=$most
+  if [[ "$SKIP" == *" ${name#* } "* ]]; then
+    echo "$(date -u +%T) $name: skipped (SKIP)" >> "$LOG"
+    return 0
+  fi
   if (( limit < 15 )); then
     echo "$(date -u +%T) $name: skipped, $(left) s of the budget left" >> "$LOG"
     return 0
@@ -51,8 +61,8 @@ phase() {  # name, most seconds, then the command: run within what is left of th
 }
 
 echo "$(date -u +%T) posbench GPU call: SIZE=$SIZE DEVICE=$DEVICE BUDGET=${BUDGET}s" >> "$LOG"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
     || { echo "error: the carried wheels do not install" | tee -a "$LOG"; exit 1; }
   export PYTHONPATH=/tmp/site:$PWD
 else
@@ -70,6 +80,7 @@ else
   SHORT=(--lengths 1024 --batch 16); LONG=(--lengths 8192 --batch 1); DECODE=(--lengths 1024 --batch 1)
   SOME=()
 fi
+[[ -n "${ENCODINGS:-}" ]] && SOME=(-e "$ENCODINGS")
 
 bench() {  # name, most seconds, then posbench bench arguments: each cell lands in $OUT/cells.jsonl as it finishes
   local name=$1 most=$2
@@ -84,7 +95,7 @@ tests() {  # name, most seconds, then pytest arguments: -v, one line per test in
   phase "tests $name" "$most" "$PY" -m pytest -v -p no:cacheprovider -m gpu "$@" >> "$OUT/tests.log" 2>&1
 }
 
-tests first 120 tests/test_gpu_first.py
+tests first 120 "${FIRST_ARGS[@]}"
 tests others 100 tests/test_gpu.py
 bench train-1024 130 "${SHORT[@]}" "${SOME[@]}"
 bench memory-8k 90 "${LONG[@]}" "${SOME[@]}"

@@ -63,11 +63,14 @@ FLEX_MIN_HEAD_DIM = 16
 #: below this many queries (decoding) a bias is materialised for SDPA: a [B, H, Nq, Nk] sliver is cheap, and a
 #: compiled flex kernel per cache length would recompile at every token
 FLEX_MIN_QUERIES = 16
-#: backward tile sizes for training with FlexAttention on CUDA. The defaults are picked from the q / k head size
-#: alone and overflow an H100's shared memory once the values are wider or the score_mod reads learnable tables;
-#: these 32/64 tiles fit (BLOCK_N1 % BLOCK_M1 == 0, BLOCK_M2 % BLOCK_N2 == 0). ``POSBENCH_FLEX_OPTIONS`` (JSON)
-#: replaces them, for tuning on a new GPU.
-FLEX_TRAIN_OPTIONS = {"bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32}
+#: tile sizes for FlexAttention's Triton kernels on CUDA. Inductor's defaults are picked from the head size alone:
+#: on an H100 (torch 2.11) its bf16 forward tile for head size 64, 128 x 128, asked for 240 KiB of shared memory
+#: with a captured bias table (227 KiB is the limit), in training and in no-grad evaluation alike, and its backward
+#: tiles overflow once the values are wider or the score_mod reads learnable tables. These fit (forward 128 x 64,
+#: as Inductor's own head-size-128 tile; backward 32/64 with BLOCK_N1 % BLOCK_M1 == 0, BLOCK_M2 % BLOCK_N2 == 0).
+#: ``POSBENCH_FLEX_OPTIONS`` (JSON) replaces them, for tuning on a new GPU.
+FLEX_KERNEL_OPTIONS = {"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 64,
+                       "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32}
 #: the backends that take a bias computed from q and k (a tensor with gradients to q and k), fastest first
 CONTEXTUAL_BACKENDS = ("sdpa", "sdpa_split", "eager")
 CONTEXTUAL_WHY = (f"the encoding's logit bias is computed from the queries and keys, so it exists only as a "
@@ -245,7 +248,7 @@ def pad_positions(pos: Tensor, length: int) -> Tensor:
 def flex_kernel_options() -> dict:
     text = os.environ.get("POSBENCH_FLEX_OPTIONS")
     if not text:
-        return dict(FLEX_TRAIN_OPTIONS)
+        return dict(FLEX_KERNEL_OPTIONS)
     try:
         options = json.loads(text)
     except ValueError:
@@ -288,7 +291,7 @@ def flex_attention_backend(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=No
         score_mod = tensor_score_mod(pad_rows(pad_rows(bias, pk, -1), pq, -2))
     else:
         score_mod = None
-    options = flex_kernel_options() if q.is_cuda and torch.is_grad_enabled() else None
+    options = flex_kernel_options() if q.is_cuda else None
     fn = flex_function(q.is_cuda)
     out = fn(pad_rows(q, pq), pad_rows(k, pk), pad_rows(v, pk), score_mod=score_mod, block_mask=block_mask,
              kernel_options=options)
