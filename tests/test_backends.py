@@ -238,6 +238,15 @@ def test_auto_never_picks_an_invalid_backend(has_bias, needs_grad, flash_install
     cuda = resolve_backend("auto", has_bias, CUDA, needs_grad)
     if has_bias:
         assert cuda == "flex"                                           # the bias evaluated inside the kernel
+        # ... above SDPA_BIAS_MAX_SCORES per layer; below it SDPA takes the materialised bias, flex second
+        at_1k = 12 * 1024 * 1024                                        # 12 heads x 1,024 x 1,024: SDPA
+        at_8k = 12 * 8192 * 8192                                        # 12 heads x 8,192 x 8,192: flex
+        assert attention.SDPA_BIAS_MAX_SCORES == 2 ** 26 and at_1k < 2 ** 26 < at_8k
+        assert valid_backends(has_bias, CUDA, needs_grad, scores=at_1k)[:2] == ["sdpa", "sdpa_split"]
+        assert "flex" in valid_backends(has_bias, CUDA, needs_grad, scores=at_1k)
+        assert resolve_backend("auto", has_bias, CUDA, needs_grad, scores=at_8k) == "flex"
+        assert resolve_backend("auto", has_bias, CUDA, needs_grad, scores=2 ** 26) == "sdpa"
+        assert resolve_backend("auto", has_bias, CUDA, needs_grad, scores=2 ** 26 + 1) == "flex"
     else:
         assert cuda == ("flash_attn" if flash_installed else "sdpa")
     # decoding (few queries) and tiny heads keep a bias out of FlexAttention on CUDA
@@ -303,3 +312,17 @@ def test_sdpa_takes_query_blocks_for_wide_values_on_cpu(monkeypatch):
     attend(q, k, v[..., :8], None, "sdpa")            # equal widths: the flash kernel, no blocks
     attend(*qkv(100, 100, d=8, dv=16, batch=1, heads=2), None, "sdpa")   # short: one block is faster
     assert seen == [2]
+
+
+def test_attend_tells_auto_the_size_of_a_materialised_bias_per_layer(monkeypatch):
+    """heads x queries x keys, whatever the batch: a relative bias is shared by the batch's rows."""
+    seen = []
+    real = attention.resolve_backend
+
+    def spy(*args, **kwargs):
+        seen.append(args[-1] if len(args) >= 10 else kwargs.get("scores"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(attention, "resolve_backend", spy)
+    q, k, v = qkv(nq=5, nk=9, batch=4, heads=3)
+    attend(q, k, v, torch.zeros(1, 3, 5, 9), "auto")
+    assert seen == [3 * 5 * 9]

@@ -57,11 +57,12 @@ def test_the_gpu_call_runs_end_to_end_on_the_cpu(tmp_path):
     by_bench = {}
     for cell in found:
         by_bench.setdefault((cell["mode"], cell["length"]), []).append(cell["encoding"])
-    assert {k: sorted(v) for k, v in by_bench.items()} == {("train", 16): some, ("train", 32): some,
-                                                            ("decode", 16): some}
+    assert {k: sorted(v) for k, v in by_bench.items()} == {("train", 16): some, ("train", 24): ["alibi", "alibi", "rope", "rope"],
+                                                            ("train", 32): some, ("decode", 16): some}
     assert all(c["status"] == "ok" for c in found)
     log = (out / "run.log").read_text()
-    for phase in ("tests first", "tests others", "bench train-1024", "bench memory-8k", "bench decode"):
+    for phase in ("tests first", "tests others", "bench train-1024", "bench sdpa-mid", "bench eager-mid",
+                  "bench memory-8k", "bench decode"):
         assert f"{phase}: exit 0" in log, log
     tests = (out / "tests.log").read_text()
     assert "test_gpu_first.py" in tests and "test_gpu.py" in tests and "skipped" in tests   # no CUDA here
@@ -72,11 +73,11 @@ def test_the_call_stays_within_its_budget_and_says_what_it_skipped(tmp_path):
     text = SCRIPT.read_text()
     assert "BUDGET=${BUDGET:-540}" in text                       # 9 minutes of the 10 a command may take
     limits = [int(n) for n in re.findall(r"^(?:tests|bench) \S+ (\d+) ", text, re.M)]
-    assert len(limits) == 5 and sum(limits) <= 540 - 20           # the phases' limits and the environment fit
+    assert len(limits) == 7 and sum(limits) <= 540 - 20           # the phases' limits and the environment fit
     done = run_call(tmp_path, BUDGET="14")                       # less than any phase needs: every one skipped
     assert done.returncode == 0, done.stdout + done.stderr
     log = (tmp_path / "out" / "run.log").read_text()
-    assert log.count(": skipped, ") == 5 and "done in" in log
+    assert log.count(": skipped, ") == 7 and "done in" in log
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")

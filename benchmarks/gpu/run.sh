@@ -9,18 +9,22 @@
 # is skipped and says so):
 #   1. environment   the carried wheels installed, every module imports, a torch.compile smoke test (check_env.py)
 #   2. first tests   tests/test_gpu_first.py: CUDA-graph capture, compiled Triton FlexAttention forward/backward
-#                    with posbench's kernel options, flash-attn, the CUDA-event timer, TF32           <= 120 s
-#   3. other tests   pytest -m gpu tests/test_gpu.py (backends, compiled models, decoding, padding)    <= 100 s
-#   4. train speed   every encoding at the paper size (12 x 768), 16 x 1024, eager                    <= 130 s
-#   5. memory at 8k  every encoding, 1 x 8192 tokens, peak GiB                                          <= 90 s
-#   6. decoding      ms per new token after a 1,024-token prompt, every encoding                        <= 60 s
+#                    with posbench's kernel options, flash-attn, the CUDA-event timer, TF32           <= 100 s
+#   3. other tests   pytest -m gpu tests/test_gpu.py (backends, compiled models, decoding, padding)     <= 80 s
+#   4. train speed   every encoding at the paper size (12 x 768), 16 x 1024, eager                    <= 110 s
+#   5. sdpa vs flex  T5, FIRE, ALiBi at 1 x 2048 and 1 x 4096 by each backend: where auto's threshold
+#                    (SDPA_BIAS_MAX_SCORES) should be                                       <= 40 s each
+#   6. memory at 8k  every encoding, 1 x 8192 tokens, peak GiB                                          <= 80 s
+#   7. decoding      ms per new token after a 1,024-token prompt, every encoding                        <= 50 s
+# Encodings run in the order of what is least known: RoPE (the baseline), TAPE, the biased ones, the rest, and
+# CoPE and DAPE (which run out of memory at the paper's size) last.
 # What comes back ($OUT, 4 files; at most 8 may):
 #   env.txt      python, torch, CUDA, the device; what does not import; the compile smoke test
 #   run.log      each phase's start, limit and exit, and the benches' output
 #   tests.log    pytest -v, one line per test as it finishes (first tests, then the others)
 #   cells.jsonl  every bench cell, one JSON line, appended the moment it finishes (``posbench bench --cells-to``)
 # A second call on what is left of the 15 minutes: BUDGET (seconds), ENCODINGS (comma list, in the order wanted),
-# FIRST (the first tests' pytest arguments) and SKIP (phase names: "others", "train-1024", "memory-8k", "decode").
+# FIRST (the first tests' pytest arguments) and SKIP (phase names: "others", "train-1024", "sdpa-mid", "flex-mid", "memory-8k", "decode").
 # SIZE=tiny DEVICE=cpu runs the same plan on a CPU with a tiny model in about a minute (tests/test_gpu_scripts.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -75,10 +79,12 @@ if [[ "$SIZE" == "tiny" ]]; then     # the plan's plumbing on a CPU
   SHAPE=(--size small --threads 1 --steps 1 --warmup 1)
   SHORT=(--lengths 16 --batch 2); LONG=(--lengths 32 --batch 1); DECODE=(--lengths 16 --batch 1 --new-tokens 4)
   SOME=(-e alibi,cope,tape)
+  CROSS=(--lengths 24 --batch 1 -e alibi); VERSUS=(sdpa eager)
 else
   SHAPE=(--size paper --steps 5 --warmup 2)
   SHORT=(--lengths 1024 --batch 16); LONG=(--lengths 8192 --batch 1); DECODE=(--lengths 1024 --batch 1)
-  SOME=()
+  SOME=(-e rope,tape,alibi,t5,fire,kerple,sandwich,xpos,nope,randpe,abacus,cope,dape)
+  CROSS=(--lengths 2048,4096 --batch 1,1 -e t5,fire,alibi); VERSUS=(sdpa flex)
 fi
 [[ -n "${ENCODINGS:-}" ]] && SOME=(-e "$ENCODINGS")
 
@@ -95,9 +101,11 @@ tests() {  # name, most seconds, then pytest arguments: -v, one line per test in
   phase "tests $name" "$most" "$PY" -m pytest -v -p no:cacheprovider -m gpu "$@" >> "$OUT/tests.log" 2>&1
 }
 
-tests first 120 "${FIRST_ARGS[@]}"
-tests others 100 tests/test_gpu.py
-bench train-1024 130 "${SHORT[@]}" "${SOME[@]}"
-bench memory-8k 90 "${LONG[@]}" "${SOME[@]}"
-bench decode 60 --mode decode "${DECODE[@]}" "${SOME[@]}"
+tests first 100 "${FIRST_ARGS[@]}"
+tests others 80 tests/test_gpu.py
+bench train-1024 110 "${SHORT[@]}" "${SOME[@]}"
+bench "${VERSUS[0]}-mid" 40 "${CROSS[@]}" --attention "${VERSUS[0]}"
+bench "${VERSUS[1]}-mid" 40 "${CROSS[@]}" --attention "${VERSUS[1]}"
+bench memory-8k 80 "${LONG[@]}" "${SOME[@]}"
+bench decode 50 --mode decode "${DECODE[@]}" "${SOME[@]}"
 echo "$(date -u +%T) done in $((SECONDS - START)) s: $(ls "$OUT" | tr '\n' ' ')" >> "$LOG"

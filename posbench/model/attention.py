@@ -71,6 +71,13 @@ FLEX_MIN_QUERIES = 16
 #: ``POSBENCH_FLEX_OPTIONS`` (JSON) replaces them, for tuning on a new GPU.
 FLEX_KERNEL_OPTIONS = {"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 64,
                        "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32}
+#: ``auto`` on CUDA hands a bias to SDPA as a materialised [heads, Nq, Nk] tensor up to this many scores per
+#: layer, and evaluates it inside FlexAttention above. Measured on an H100 (bf16, 12 x 768, results/reference/
+#: gpu-h100-2026-11-27): at 16 x 1024 (12.6M scores) flex took 86.9 ms (ALiBi), 297 (T5), 3,077 (FIRE) where
+#: SDPA took 75.1, 114, 103 (2026-11-22): flex's backward into captured learnable tables is slow; at 1 x 8192
+#: (805M scores) flex took 96.6 and 218 where SDPA took 168 and 1,648 (and FIRE ran out of memory). The crossover
+#: between the two was not measured: 2^26 (256 MiB of float32 per layer) sits between them.
+SDPA_BIAS_MAX_SCORES = 2 ** 26
 #: the backends that take a bias computed from q and k (a tensor with gradients to q and k), fastest first
 CONTEXTUAL_BACKENDS = ("sdpa", "sdpa_split", "eager")
 CONTEXTUAL_WHY = (f"the encoding's logit bias is computed from the queries and keys, so it exists only as a "
@@ -323,10 +330,12 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool, head_dim: int = 64,
                    value_dim: int | None = None, n_queries: int | None = None, contextual: bool = False,
-                   padded_batch: bool = False, dtype: torch.dtype | None = None) -> list[str]:
+                   padded_batch: bool = False, dtype: torch.dtype | None = None,
+                   scores: int | None = None) -> list[str]:
     """Backends that can run this attention, fastest first; ``auto`` picks the first. ``contextual``: the bias
     is a tensor computed from q and k (only backends that take a materialised bias); ``padded_batch``: a key mask
-    (not flash_attn); ``dtype``: the tensors' (flash_attn takes float16 and bfloat16 only; None: not known)."""
+    (not flash_attn); ``dtype``: the tensors' (flash_attn takes float16 and bfloat16 only; None: not known);
+    ``scores``: heads x queries x keys, a materialised bias's size per layer (None: not known, taken as large)."""
     if contextual:
         return list(CONTEXTUAL_BACKENDS)
     value_dim = head_dim if value_dim is None else value_dim
@@ -337,7 +346,8 @@ def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool, head_
     half = dtype is None or dtype in HALF_DTYPES
     if cuda and half and flash_attn_available() and not has_bias and not padded_batch:
         names.append("flash_attn")
-    if cuda and has_bias and flex_ok and (n_queries is None or n_queries >= FLEX_MIN_QUERIES):
+    large = scores is None or scores > SDPA_BIAS_MAX_SCORES
+    if cuda and has_bias and flex_ok and large and (n_queries is None or n_queries >= FLEX_MIN_QUERIES):
         names.append("flex")                          # the bias inside the kernel: no N x N tensor
     names += ["sdpa", "sdpa_split"]
     if flex_ok and "flex" not in names:
@@ -348,9 +358,9 @@ def valid_backends(has_bias: bool, device: torch.device, needs_grad: bool, head_
 
 def resolve_backend(name: str, has_bias: bool, device: torch.device, needs_grad: bool, head_dim: int = 64,
                     value_dim: int | None = None, n_queries: int | None = None, contextual: bool = False,
-                    padded_batch: bool = False, dtype: torch.dtype | None = None) -> str:
+                    padded_batch: bool = False, dtype: torch.dtype | None = None, scores: int | None = None) -> str:
     valid = valid_backends(has_bias, device, needs_grad, head_dim, value_dim, n_queries, contextual, padded_batch,
-                           dtype)
+                           dtype, scores)
     if name == "auto":
         return valid[0]
     if name not in BACKENDS:
@@ -387,7 +397,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Bias = None, backend_name: str
         (isinstance(bias, Tensor) and bias.requires_grad) or
         (isinstance(bias, ScoreBias) and any(t.requires_grad for t in bias.tensors)))
     name = resolve_backend(backend_name, bias is not None, q.device, needs_grad, q.shape[-1], v.shape[-1],
-                           q.shape[-2], contextual, key_mask is not None, q.dtype)
+                           q.shape[-2], contextual, key_mask is not None, q.dtype,
+                           q.shape[1] * q.shape[-2] * k.shape[-2])
     if name == "flex":
         return flex_attention_backend(q, k, v, bias, q_pos, k_pos, aligned, key_mask)
     return BACKENDS[name](q, k, v, bias, q_pos, k_pos, key_mask=key_mask)
