@@ -132,8 +132,12 @@ def test_cli_prints_the_table_and_writes_the_result(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--mode", "sideways"], "task.mode='sideways' is out of range: it must be one of train, forward, decode"),
     (["--size", "huge"], "task 'bench' has no preset 'huge'; presets: small, paper"),
-    (["--lengths", "16,32", "--batch", "1,2,3"], "--batch gives 3 values for 2 lengths"),
-    (["--lengths", "sixteen"], "--lengths expects integers separated by commas, got 'sixteen'"),
+    (["--lengths", "16,32", "--batch", "1,2,3"], "bench: 3 batch sizes for 2 lengths; give one, or one per length"),
+    (["--lengths", "16,32", "--set", "task.batch=1,2,3"], "bench: 3 batch sizes for 2 lengths"),
+    (["--stepz", "3"], "bench: unknown option --stepz; did you mean --steps?"),
+    (["--warmup"], "bench: --warmup needs a value (task.warmup: untimed steps first)"),
+    (["extra"], "bench: unexpected argument 'extra' (settings are flags: --name value)"),
+    (["--lengths", "sixteen"], "task.lengths='sixteen': expected an integer"),
     (["--lengths", "0"], "task.lengths=[0] is out of range: it must be a list of at least 1 item, each >= 1"),
     (["-e", "ropee"], "unknown encoding 'ropee'. Did you mean 'rope'?"),
     (["--device", "cuda:7"], "device 'cuda:7'"),
@@ -187,3 +191,63 @@ def test_one_cell_at_a_time_frees_its_model_before_the_next(monkeypatch):
         task.time_alone(cell, torch.device("cpu"), "fp32", lambda: ticks.append(1))
     assert len(ticks) == 3 * (1 + 2) and [len(c.ms_all) for c in cells] == [2, 2, 2]
     assert [e for e, _ in built] == ["rope", "tape", "alibi"]
+
+
+@pytest.mark.parametrize("mode", ["train", "decode"])
+def test_no_cell_keeps_an_earlier_cells_weights(tmp_path, monkeypatch, mode):
+    """Through the runner, in bf16 as on a GPU: when the models of a later length are built, no weight of an
+    earlier cell's model is alive, a failed cell's (out of memory after a step) included. It failed while the
+    runner evaluated the bench inside its autocast: torch keeps every weight autocast casts (the bf16 copy, whose
+    autograd graph holds the fp32 weight and its gradient) until the outermost autocast exits, so every cell's
+    weights outlived it (the Transformer object itself died) and, on a GPU, sat in every later cell's peak_gib."""
+    import gc
+    import weakref
+
+    import posbench.model
+
+    built, leaks = [], []
+    real_model = posbench.model.Transformer
+
+    def build(cfg):                                  # (an assertion here would be caught: the cell would fail)
+        gc.collect()
+        leaks.extend(f"{enc} at {length}, alive while {cfg.encoding} at {cfg.max_seq_len} was built"
+                     for length, enc, refs in built
+                     if length != cfg.max_seq_len and any(ref() is not None for ref in refs))
+        model = real_model(cfg)
+        built.append((cfg.max_seq_len, cfg.encoding, [weakref.ref(p) for p in model.parameters()]))
+        return model
+
+    name = "train_step" if mode == "train" else "decode_step"
+    real_step = getattr(speed, name)
+
+    def step_of(model, *args):
+        step = real_step(model, *args)
+        if model.config.encoding != "nope":
+            return step
+
+        def explode():
+            step()                                   # the weights are cast, then the cell runs out of memory
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
+        return explode
+
+    monkeypatch.setattr(posbench.model, "Transformer", build)
+    monkeypatch.setattr(speed, name, step_of)
+    _, record = bench(tmp_path, "task.encodings=nope,alibi", "task.lengths=16,24", "task.batch=2", f"task.mode={mode}",
+                      "task.new_tokens=2", "train.precision=bf16")
+    assert leaks == []
+    assert [(c["encoding"], c["length"], c["status"]) for c in record.bench["cells"]] == [
+        ("rope", 16, "ok"), ("nope", 16, "oom"), ("alibi", 16, "ok"),
+        ("rope", 24, "ok"), ("nope", 24, "oom"), ("alibi", 24, "ok")]
+    assert [(length, enc) for length, enc, _ in built] == [(16, "rope"), (16, "nope"), (16, "alibi"),
+                                                           (24, "rope"), (24, "nope"), (24, "alibi")]
+
+
+def test_bench_refuses_a_surrounding_autocast():
+    """Each step enters autocast itself; inside a surrounding one every cell's weights would live until it ends."""
+    from posbench.reporters import NullReporter
+    from posbench.tasks import TASKS
+
+    task = TASKS["bench"](resolve_run_config("bench", None, "small", sets=[*TINY, "task.encodings=nope"]))
+    assert not task.evaluate_in_autocast
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(RuntimeError, match="inside autocast"):
+        task.evaluate(None, torch.device("cpu"), NullReporter(), {})

@@ -11,6 +11,7 @@ evaluates its share of the work; only rank 0 shows progress.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 import sys
@@ -99,7 +100,8 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
             eval_start = time.perf_counter()
             if model is not None:
                 model.eval()
-            with torch.no_grad(), autocast(device, precision):
+            casting = autocast(device, precision) if task.evaluate_in_autocast else contextlib.nullcontext()
+            with torch.no_grad(), casting:
                 evaluation = task.evaluate(model, device, reporter, trained)
     except BaseException:
         for logger in loggers:

@@ -108,6 +108,10 @@ class Task(Configurable):
     presets: ClassVar[dict[str, dict[str, Any]]] = {}      # a plugin may give them here instead of a TOML file
     default_preset: ClassVar[str] = "small"
     needs_model: ClassVar[bool] = True                      # False: the task builds its own models (bench)
+    #: False: the runner calls ``evaluate`` outside autocast, and the task enters it itself around each step (bench,
+    #: which builds and frees a model per cell: torch keeps every weight autocast has cast, and through its
+    #: autograd graph the weight and its gradient, until the outermost autocast exits)
+    evaluate_in_autocast: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

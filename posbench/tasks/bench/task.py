@@ -5,8 +5,16 @@ GPU, the wall clock elsewhere), tokens per second, model-FLOPs utilisation, peak
 measured in the same run; the step of each mode is in ``posbench.tasks.bench.speed`` (``train`` is one step of
 the engine's own ``Trainer``). A cell that runs out of memory is reported as ``oom`` and the run goes on. On a
 CPU the encodings are timed round robin (one step of each in turn), so a neighbouring process slows all of them
-alike, compiled or not (compiled: each one built and warmed up in turn first); on a GPU one cell at a time (its
-peak memory is its own).
+alike, compiled or not (compiled: each one built and warmed up in turn first); on a GPU one cell at a time, each
+model freed before the next is built, and its peak memory is its own: the most allocated while it was built and
+stepped, above what was allocated when it began (``peak_gib``).
+
+Each step enters autocast itself, as the engine's training does, so every step casts the weights it reads
+afresh and nothing it cast outlives the cell; the runner calls ``evaluate`` outside autocast
+(``evaluate_in_autocast``). Inside a surrounding autocast torch would keep every weight cast in it until that
+region ends: the steps after the first would run on the first step's bf16 copies, and every earlier cell's
+weights and gradients would stay on the GPU, counted in each later cell's peak (on an H100, the paper's model:
+each cell's peak 1 to 2 GiB above the one before, NoPE's above RoPE's).
 
 Compilation never falls back in silence: every cell starts from a fresh compiler, a hit recompile limit is an
 error (the cell reads ``error``), and each cell records how many graphs it compiled, its graph breaks, and
@@ -53,7 +61,7 @@ class Cell:
     ms_all: list[float] = field(default_factory=list)
     tokens_per_s: float | None = None
     mfu: float | None = None
-    peak_gib: float | None = None
+    peak_gib: float | None = None   # GPU: the most allocated while the cell ran, above what was allocated before it
     x_rope: float | None = None
     params: int | None = None
     flops_per_token: float | None = None
@@ -91,6 +99,7 @@ class Bench(Task):
     }
     default_preset = "small"
     needs_model = False
+    evaluate_in_autocast = False                  # each step enters its own (see the module's docstring)
 
     @classmethod
     def choose_encoding(cls, encoding, source):
@@ -135,6 +144,9 @@ class Bench(Task):
         from posbench.train.device import device_name, resolve_precision
 
         o = self.opts
+        if torch.is_autocast_enabled(device.type):
+            raise RuntimeError("bench's evaluate ran inside autocast: each step enters its own, and a surrounding "
+                               "autocast keeps every cell's weights alive (and its casts stale) until it ends")
         precision = resolve_precision(self.config.train["precision"], device)
         peak, peak_source = speed.device_peak(device, o["peak_tflops"] or None)
         total = len(o["lengths"]) * len(o["encodings"]) * (o["warmup"] + o["steps"])
@@ -236,8 +248,10 @@ class Bench(Task):
 
     def time_alone(self, cell: Cell, device: torch.device, precision: str, tick: Callable[[], None]) -> None:
         speed.fresh_compiler()
+        before = 0
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)     # what the cells before left: not this cell's
         step = self.prepare(cell, device, precision)
         if step is None:
             return
@@ -258,7 +272,7 @@ class Bench(Task):
                 recompiled = warmup > 0 and cell.graphs + timed_graphs > 0
                 cell.compiled = cell.status == "ok" and cell.graphs > 0 and cell.graph_breaks == 0 and not recompiled
         if device.type == "cuda" and cell.status == "ok":
-            cell.peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
+            cell.peak_gib = (torch.cuda.max_memory_allocated(device) - before) / 2**30
 
     def time_compiled_in_turns(self, group: list[Cell], device: torch.device, precision: str,
                                tick: Callable[[], None]) -> None:
