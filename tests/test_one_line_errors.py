@@ -237,8 +237,10 @@ def test_brackets_in_a_message_print_as_they_are(capsys):
 
 
 def test_a_usage_error_with_brackets_prints_them(capsys):
-    code, _, err = cli(capsys, "run", "--[bold]")
+    code, _, err = cli(capsys, "compare", "results", "--[bold]")
     assert code == 2 and "No such option: --[bold]" in one_error_line(err)
+    code, _, err = cli(capsys, "run", "-t", "arithmetic", "--[bold]")          # a setting flag posbench reads
+    assert code == 2 and "run: unknown option --[bold]" in one_error_line(err)
 
 
 # ---- a diverged model --------------------------------------------------------------------------------------

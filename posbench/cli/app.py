@@ -14,7 +14,7 @@ import typer
 
 from posbench.cli import bench, check, compare, export, extend, ls, run, score, sweep
 from posbench.cli.common import err, print_error, user_errors
-from posbench.cli.registry_help import ExtendHelp, RunHelp
+from posbench.cli.registry_help import BenchHelp, ExtendHelp, RunHelp
 
 app = typer.Typer(
     name="posbench", add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
@@ -51,12 +51,14 @@ def command(name: str, fn, epilog: str, **kwargs) -> None:
     app.command(name, epilog=epilog, short_help=summary(fn), **kwargs)(fn)
 
 
-command("run", run.run, run.RUN_EPILOG, cls=RunHelp)
+command("run", run.run, run.RUN_EPILOG, cls=RunHelp,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 command("ls", ls.ls, ls.LS_EPILOG)
 command("extend", extend.extend, extend.EXTEND_EPILOG, cls=ExtendHelp)
 command("compare", compare.compare, compare.COMPARE_EPILOG)
 command("score", score.score, score.SCORE_EPILOG)
-command("bench", bench.bench, bench.BENCH_EPILOG)
+command("bench", bench.bench, bench.BENCH_EPILOG, cls=BenchHelp,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 command("export", export.export, export.EXPORT_EPILOG)
 command("sweep", sweep.sweep, sweep.SWEEP_EPILOG)
 command("check", check.check, check.CHECK_EPILOG)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -20,55 +19,37 @@ BENCH_EPILOG = """[bold]Examples[/bold]
   posbench bench -e rope,tape --lengths 1024 --batch 16 --compile
 
   posbench bench --mode decode --size paper --lengths 1024 --batch 1
+
+[bold]Settings[/bold]: each is a flag, and --set SECTION.KEY=VALUE. The defaults are the declarations'; a preset (--size) sets its own ('posbench ls presets bench').
 """
 
 
 def bench(
+    ctx: typer.Context,
     encoding: str = typer.Option("", "--encoding", "-e", help="Encodings, comma-separated (default: every one; "
                                  "RoPE is always measured: ratios are to it)."),
-    size: str = typer.Option("small", "--size", help="small (4 x 256, the CPU benchmark) or paper (12 x 768)."),
-    batch: Optional[str] = typer.Option(None, "--batch", help="Sequences per step: one value, or one per length "
-                                        "(default: small 8; paper 16,1)."),
-    lengths: Optional[str] = typer.Option(None, "--lengths", help="Sequence lengths, comma-separated (default: "
-                                          "small 256; paper 1024,8192)."),
-    mode: str = typer.Option("train", "--mode", help="train (forward, backward, AdamW), forward, or decode "
-                             "(ms per new token after a prompt of each length)."),
-    compile_: bool = typer.Option(False, "--compile", help="torch.compile the model."),
-    compile_backend: str = typer.Option("inductor", "--compile-backend", help="With --compile: inductor, or eager "
-                                        "/ aot_eager (trace only, to check the graphs; the times mean nothing)."),
+    size: str = typer.Option("small", "--size", help="The preset: small (4 x 256, the CPU benchmark) or paper "
+                             "(12 x 768 at 16 x 1024 and 1 x 8192)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N."),
-    attention: str = typer.Option("auto", "--attention", help="Attention backend for every model."),
-    steps: int = typer.Option(10, "--steps", help="Timed steps per cell (the median is reported)."),
-    warmup: int = typer.Option(3, "--warmup", help="Untimed steps first."),
-    new_tokens: int = typer.Option(0, "--new-tokens", help="decode: tokens per timed run (default: small 32, "
-                                   "paper 128)."),
-    peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="The device's dense bf16 peak, for "
-                                                "the MFU (known GPUs are recognised)."),
-    threads: int = typer.Option(0, "--threads", help="CPU threads (0: the free cores)."),
+    sets: list[str] = typer.Option([], "--set", "-s", help="Override a setting: [section.]key=value. Repeatable."),
     out_dir: Path = typer.Option(Path("results"), "--out", "-o", help="Results root directory."),
-    cells_to: Optional[Path] = typer.Option(None, "--cells-to", help="Also append every cell, one JSON line, to this "
-                                            "file the moment it finishes (a kill keeps every finished cell)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Resolve and print the configuration (JSON); run and "
                                  "write nothing."),
 ) -> None:
-    """Measure each encoding's training (or forward, or decoding) step; writes results/bench/<mode>/<run-id>/."""
+    """Measure each encoding's training (or forward, or decoding) step; writes results/bench/<mode>/<run-id>/.
+    Every setting of the bench task, of train and of model is a flag (below): --steps 5, --lengths 1024,8192,
+    --mode decode, --compile, --attention flex, --threads 2."""
+    from posbench.cli.setting_flags import sets_from_flags
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
 
-    from posbench.errors import ConfigError
-
     with user_errors():
-        lengths_given, batch_given = _ints("--lengths", lengths), _ints("--batch", batch)
-        if lengths_given and batch_given and len(batch_given) not in (1, len(lengths_given)):
-            raise ConfigError(f"--batch gives {len(batch_given)} values for {len(lengths_given)} lengths; give one, "
-                             f"or one per length")
-        task = {"encodings": ",".join(split_names(encoding)), "mode": mode, "steps": steps, "warmup": warmup,
-                "lengths": lengths, "batch": batch, "new_tokens": new_tokens or None, "peak_tflops": peak_tflops,
-                "compile_backend": compile_backend, "cells_to": str(cells_to) if cells_to else None}
-        sets = [f"task.{k}={v}" for k, v in task.items() if v is not None]
-        sets += [f"train.compile={compile_}", f"train.threads={threads}", f"model.attention={attention}"]
-        config = resolve_run_config("bench", None, size, device=device, sets=sets)
+        given = sets_from_flags(list(ctx.args), "bench", "bench")
+        _lengths_match_batches([*given, *sets])
+        if encoding:
+            given.insert(0, f"task.encodings={','.join(split_names(encoding))}")
+        config = resolve_run_config("bench", None, size, device=device, sets=[*given, *sets])
         if dry_run:
             show_configs([config])
             return
@@ -78,15 +59,18 @@ def bench(
         out().print(f"-> {outcome.run_dir}")
 
 
-def _ints(flag: str, text: Optional[str]) -> list[int]:
+def _lengths_match_batches(sets: list[str]) -> None:
+    """Lengths and batch sizes both given must pair up (one batch size, or one per length): a preset's batch
+    sizes give their first to lengths the user chose, a user's own list never is cut short in silence."""
     from posbench.errors import ConfigError
+    from posbench.runs.config import parse_assignment
 
-    if text is None:
-        return []
-    try:
-        return [int(v) for v in split_names(text)]
-    except ValueError:
-        raise ConfigError(f"{flag} expects integers separated by commas, got {text!r}") from None
+    given = dict(parse_assignment(item) for item in sets)
+    lengths, batch = given.get("task.lengths"), given.get("task.batch")
+    if lengths is not None and batch is not None:
+        count = [len(split_names(str(v))) for v in (lengths, batch)]
+        if count[1] not in (1, count[0]):
+            raise ConfigError(f"bench: {count[1]} batch sizes for {count[0]} lengths; give one, or one per length")
 
 
 def efficiency_table(record) -> Table:

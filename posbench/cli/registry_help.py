@@ -73,6 +73,28 @@ def extend_presets_help() -> str:
     return f"Preset: {listing(names)}; 'posbench ls presets' gives each one's steps and time."
 
 
+class SettingsHelp(RegistryHelp):
+    """A command whose settings are flags made from their declarations (``posbench.cli.setting_flags``): the list
+    is appended to the epilog when the help is shown. ``task``: the task whose options they are."""
+
+    task: ClassVar[str] = ""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from rich.markup import escape
+
+        from posbench.cli.setting_flags import flags_help
+
+        if not getattr(self, "_listed", False):
+            taken = {name for param in self.params for name in getattr(param, "opts", [])}
+            self.epilog = (self.epilog or "") + "\n" + escape(flags_help(self.task, taken))
+            self._listed = True
+        return super().format_help(ctx, formatter)
+
+
+class BenchHelp(SettingsHelp):
+    task = "bench"
+
+
 class RunHelp(RegistryHelp):
     fills = {"encoding": encodings_help, "task": tasks_help, "preset": presets_help}
 

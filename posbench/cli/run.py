@@ -20,6 +20,8 @@ RUN_EPILOG = """[bold]Examples[/bold]
 
   posbench run -e alibi -t arithmetic --preset tiny --set lr=3e-4 --set task.train_digits=4
 
+  posbench run -e alibi -t arithmetic --preset tiny --lr 3e-4 --train-digits 4     (the same: settings are flags)
+
   posbench run --resume results/arithmetic/rope/20250101-120000-ab12cd
 
   posbench run --task passkey --init results/pretrain/rope/20250101-120000-ab12cd
@@ -27,12 +29,12 @@ RUN_EPILOG = """[bold]Examples[/bold]
 
 
 def run(
+    ctx: typer.Context,
     # the help of --encoding, --task and --preset lists what is registered (posbench.cli.registry_help.RunHelp)
     encoding: Optional[str] = typer.Option(None, "--encoding", "-e",
                                            help="Encoding name, or several separated by commas (run in turn)."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name ('posbench ls tasks')."),
     preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Preset ('posbench ls presets')."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (overrides the preset)."),
     seed: Optional[str] = typer.Option(None, "--seed", help="Seed for Python, NumPy, torch and the training "
                                        "data (default 0); several separated by commas run each encoding under "
                                        "each seed in turn."),
@@ -44,10 +46,6 @@ def run(
     init: Optional[Path] = typer.Option(None, "--init", help="Start from a model: a run directory (its checkpoint; "
                                         "an extend run too), a posbench export, or a Hugging Face model directory "
                                         "or hub name."),
-    data: Optional[str] = typer.Option(None, "--data", help="Task data source (tasks that take one)."),
-    datasets: Optional[str] = typer.Option(None, "--datasets", help="Task datasets, comma-separated."),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="byte, bpe[:VOCAB] or a Hugging Face "
-                                            "name/path (language-model tasks)."),
     sets: list[str] = typer.Option([], "--set", "-s", help="Override a config key: [section.]key=value "
                                    "(sections: model, encoding, train, task). Repeatable."),
     logs: list[str] = typer.Option([], "--log", help="Log the training to csv, tensorboard or wandb (repeatable): "
@@ -57,7 +55,8 @@ def run(
                                  "write nothing."),
 ) -> None:
     """Train and evaluate one or more encodings on a task; writes results/<task>/<encoding>/<run-id>/ (or continues
-    a killed run, of any task: --resume)."""
+    a killed run, of any task: --resume). Every setting of the task, of train and of model is also a flag
+    (--lr 3e-4, --train-digits 4: the task's own first; 'posbench ls tasks TASK' lists a task's)."""
     from posbench.errors import ConfigError
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
@@ -65,22 +64,23 @@ def run(
     with user_errors():
         reporter = progress_reporter(quiet)
         if resume is not None:
-            others = bool(encoding or task or preset or steps is not None or sets or init or data or datasets
-                          or tokenizer or seed is not None or seeds is not None or logs)
+            others = bool(encoding or task or preset or sets or init or seed is not None or seeds is not None or logs
+                          or ctx.args)
             outcome = resume_run(resume, others=others, dry_run=dry_run, device=device, reporter=reporter)
             if outcome is not None:
                 show_outcome(outcome)
             return
         if task is None:
             raise ConfigError("--task is required ('posbench ls tasks' lists them)")
+        from posbench.cli.setting_flags import sets_from_flags
+
+        sets = [*sets_from_flags(list(ctx.args), task, "run"), *sets]
         names = split_names(encoding) if encoding else [None]
         if encoding is not None and not names:
             raise ConfigError("--encoding is empty")
         # seed-major: every encoding under seed 0, then under seed 1, ... (a stopped sweep stays balanced)
-        configs = [resolve_run_config(task, name, preset, steps=steps, seed=s, device=device,
-                                      init=str(init) if init is not None else None, sets=sets,
-                                      task_flags={"data": data, "datasets": datasets, "tokenizer": tokenizer},
-                                      logs=logs)
+        configs = [resolve_run_config(task, name, preset, seed=s, device=device,
+                                      init=str(init) if init is not None else None, sets=sets, logs=logs)
                    for s in parse_seeds(seed, seeds) for name in names]
         if dry_run:
             show_configs(configs)

@@ -40,7 +40,8 @@ import torch
 from torch import nn
 
 from posbench.errors import ConfigError
-from posbench.options import Bound, Configurable, OneOf, Option, at_least, positive
+from posbench.options import Bound, Configurable, Option, at_least, positive
+from posbench.encodings.tape import TAPE as TapeEncoding
 from posbench.hf.loading import head_dim
 from posbench.hf.rope import dynamic_ntk_rope_parameters, llama_of, scaled_rope_parameters, yarn_rope_parameters
 from posbench.registry import Registry
@@ -161,12 +162,9 @@ def embedding_and_norm_count(config) -> int:
 class TapeMethod(Method):
     name = "tape"
     description = "TAPE in every layer (zero-initialised updates, both trained), plus embeddings and norms"
-    OPTIONS = {
-        "position_size": Option(0, "I, the width of the MLP-side update (0: 4 x heads)", at_least(0)),
-        "gate": Option("rowsum", "rowsum: the reference's H x H gate summed per row; scalar: one per head",
-                       OneOf(("rowsum", "scalar"))),
-        "random_offset": Option(True, "while training, shift every position by one k ~ U{0..2 x length}"),
-    }
+    #: TAPE's own options, declared once by the encoding (posbench.encodings.tape); in a Llama the training
+    #: length is the ``--length`` the model is extended to
+    OPTIONS = {key: TapeEncoding.OPTIONS[key] for key in ("position_size", "gate", "random_offset")}
 
     def convert(self, model):
         from posbench.hf.tape_llama import convert_to_tape

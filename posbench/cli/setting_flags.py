@@ -1,0 +1,89 @@
+"""Every declared setting is also a flag: ``--steps 5`` is ``--set task.steps=5`` when the task declares
+``steps``, else ``--set train.steps=5``, else ``--set model.steps=5`` (the task's own option first, then train's,
+then model's). Nothing is declared here: the flags are made, when the command line is read, from the one
+declaration of each option (``posbench.options``: a task's ``OPTIONS``, ``TrainConfig``'s and ``ModelConfig``'s
+fields), so their names, types, defaults, ranges and help cannot drift from what ``--set``, presets and
+``posbench ls`` use. A flag becomes a ``--set`` entry, so the one precedence holds: preset < study < flags and
+``--set``, in the order given.
+
+Spellings: ``--name value``, ``--name=value``, underscores or dashes (``--new-tokens``); a true / false option
+also as ``--name`` alone (true) and ``--no-name`` (false). Lists are comma-separated (``--lengths 1024,8192``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from posbench.errors import ConfigError
+from posbench.options import Switch
+
+#: the sections whose options are flags, in the order a name is looked up
+SECTIONS = ("task", "train", "model")
+
+
+def declarations(task_name: str) -> dict[str, tuple[str, Any]]:
+    """Flag name (dashes) -> (section, its ``Option``), for a run of task ``task_name``."""
+    from posbench.model import ModelConfig
+    from posbench.options import declared
+    from posbench.tasks import TASKS
+    from posbench.train.config import TrainConfig
+
+    owners = {"task": TASKS.get(task_name), "train": TrainConfig, "model": ModelConfig}
+    found: dict[str, tuple[str, Any]] = {}
+    for section in SECTIONS:
+        for key, option in declared(owners[section]).items():
+            if not getattr(option, "from_task", False):
+                found.setdefault(key.replace("_", "-"), (section, option))
+    return found
+
+
+def sets_from_flags(args: list[str], task_name: str, command: str) -> list[str]:
+    """The ``--set`` entries (``section.key=value``) that the flags ``args`` name; one ``ConfigError`` line for
+    an unknown flag (with the nearest names) or a stray word."""
+    known = declarations(task_name)
+    sets, i = [], 0
+    while i < len(args):
+        word = args[i]
+        if not word.startswith("--") or word == "--":
+            raise ConfigError(f"{command}: unexpected argument {word!r} (settings are flags: --name value)")
+        name, eq, value = word[2:].partition("=")
+        name = name.replace("_", "-")
+        negated = name.startswith("no-") and name not in known and name[3:] in known
+        key = name[3:] if negated else name
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=3)
+            hint = f"; did you mean {', '.join('--' + c for c in close)}?" if close else ""
+            raise ConfigError(f"{command}: unknown option --{name}{hint} (the {task_name} task's settings, and "
+                              f"train's and model's, are flags: 'posbench ls tasks {task_name}' lists the task's)")
+        section, option = known[key]
+        boolean = isinstance(option.default, bool) or isinstance(option.limit, Switch)     # Switch: or auto
+        if negated or (boolean and not eq and (i + 1 == len(args) or args[i + 1].startswith("--"))):
+            if not boolean:
+                raise ConfigError(f"{command}: --{name} needs a value ({section}.{key.replace('-', '_')}: "
+                                  f"{option.help})")
+            value, i = ("false" if negated else "true"), i + 1
+        elif not eq:
+            if i + 1 == len(args):
+                raise ConfigError(f"{command}: --{name} needs a value ({section}.{key.replace('-', '_')}: "
+                                  f"{option.help})")
+            if args[i + 1].startswith("--"):
+                raise ConfigError(f"{command}: --{name} needs a value ({section}.{key.replace('-', '_')}: "
+                                  f"{option.help})")
+            value, i = args[i + 1], i + 2
+        else:
+            i += 1
+        sets.append(f"{section}.{key.replace('-', '_')}={value}")
+    return sets
+
+
+def flags_help(task_name: str, taken: set[str] = frozenset()) -> str:
+    """The flags of a run of ``task_name``, one line each, for ``--help`` (read when the help is shown); ``taken``:
+    names the command declares itself (its own ``--encoding``), left out."""
+    lines = []
+    for name, (section, option) in declarations(task_name).items():
+        if f"--{name}" in taken:
+            continue
+        default = ",".join(map(str, option.default)) if isinstance(option.default, list) else option.default
+        lines.append(f"  --{name}  {option.help} ({section}.{name.replace('-', '_')}, default {default})")
+    return "\n\n".join(lines)

@@ -1,0 +1,98 @@
+"""Every setting is declared once (issue 37, item 1): the flags of ``run`` and ``bench`` are made from the options'
+declarations (``posbench.cli.setting_flags``), never written again in ``posbench/cli``."""
+
+from __future__ import annotations
+
+import typer
+import pytest
+
+from posbench.cli.app import app
+from posbench.cli.setting_flags import declarations, flags_help, sets_from_flags
+from posbench.errors import ConfigError
+from posbench.options import declared
+from posbench.tasks import TASKS
+from posbench.train.config import TrainConfig
+
+#: the command-line options that share a name with a declared setting, each a different thing or the same
+#: declaration: nothing else in posbench/cli may (a test below lists them all)
+SHARED_NAMES = {
+    ("run", "--encoding"): "the encodings to run in turn (several); model.encoding is the one each run records",
+    ("check", "--encoding"): "which encoding's parameters to check, as run's",
+    ("bench", "--encoding"): "the encodings to time: task.encodings, as a shortcut",
+    ("extend", "--length"): "extend's own pipeline (issue 37 leaves extend's flags for a later change)",
+    ("extend", "--data"): "extend's own pipeline",
+    ("extend", "--scale"): "extend's own pipeline",
+    ("extend", "--steps"): "extend's own pipeline",
+    ("score", "--data"): "the directory of a data set to score against, not a run's data source",
+}
+
+
+def test_no_command_declares_a_setting_again():
+    every = {f"--{name}" for task in TASKS for name in declarations(task)}
+    shared = set()
+    for name, command in typer.main.get_command(app).commands.items():
+        for param in command.params:
+            shared |= {(name, opt) for opt in param.opts if opt in every}
+    assert shared == set(SHARED_NAMES)
+
+
+def test_bench_flags_are_the_tasks_train_and_model_declarations():
+    known = declarations("bench")
+    bench = TASKS["bench"]
+    for key, option in declared(bench).items():
+        assert known[key.replace("_", "-")] == ("task", option)           # the same object: one declaration
+    assert known["steps"][0] == "task"                                       # the task's own first
+    assert known["threads"] == ("train", declared(TrainConfig)["threads"])
+    text = flags_help("bench")
+    for key, option in declared(bench).items():
+        assert f"--{key.replace('_', '-')}  {option.help} (task.{key}" in text
+
+
+@pytest.mark.parametrize("args, sets", [
+    (["--steps", "5"], ["task.steps=5"]),                                    # bench declares steps itself
+    (["--steps=5", "--new_tokens", "7", "--new-tokens=8"], ["task.steps=5", "task.new_tokens=7", "task.new_tokens=8"]),
+    (["--threads", "2", "--attention", "flex"], ["train.threads=2", "model.attention=flex"]),
+    (["--compile"], ["train.compile=true"]),                                 # a true / false / auto switch, alone
+    (["--no-compile", "--checkpointing"], ["train.compile=false", "train.checkpointing=true"]),
+    (["--compile", "false", "--lengths", "16,32"], ["train.compile=false", "task.lengths=16,32"]),
+    (["--init-std", "-0.5"], ["model.init_std=-0.5"]),                       # a negative value is a value
+])
+def test_flags_become_set_entries(args, sets):
+    assert sets_from_flags(args, "bench", "bench") == sets
+
+
+def test_a_task_without_steps_sends_steps_to_train():
+    assert sets_from_flags(["--steps", "9", "--train-digits", "4"], "arithmetic", "run") == \
+        ["train.steps=9", "task.train_digits=4"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--stepz", "3"], "bench: unknown option --stepz; did you mean --steps?"),
+    (["--warmup"], "bench: --warmup needs a value (task.warmup: untimed steps first)"),
+    (["--warmup", "--steps", "2"], "bench: --warmup needs a value"),
+    (["--no-steps"], "bench: --no-steps needs a value"),
+    (["3"], "bench: unexpected argument '3'"),
+])
+def test_bad_flags_are_one_line(args, message):
+    with pytest.raises(ConfigError, match=message.replace("?", r"\?").replace("(", r"\(").replace(")", r"\)")):
+        sets_from_flags(args, "bench", "bench")
+
+
+def test_a_flag_and_set_keep_the_one_precedence(capsys):
+    """Flags are --set entries given first: a --set after them wins; presets lose to both."""
+    import json
+
+    from posbench.cli.app import main
+
+    code = main(["bench", "--size", "paper", "--steps", "4", "--set", "task.steps=6", "--warmup", "1", "--dry-run"])
+    config = json.loads(capsys.readouterr().out)[0]
+    assert code == 0 and config["task_options"]["steps"] == 6 and config["task_options"]["warmup"] == 1
+    assert config["task_options"]["lengths"] == [1024, 8192]                 # the preset's, untouched
+
+
+def test_the_tape_method_takes_the_encodings_declarations():
+    from posbench.encodings.tape import TAPE
+    from posbench.hf.methods import METHODS
+
+    for key, option in METHODS["tape"].OPTIONS.items():
+        assert option is TAPE.OPTIONS[key]
