@@ -324,8 +324,8 @@ def encoding_tasks() -> list[str]:
     extend, whose models are pretrained Llamas): found in the registry, so a new task needs no edit here."""
     from posbench.tasks import TASKS
 
-    return sorted(n for n in TASKS if TASKS.origin(n) == "built-in" and TASKS[n].needs_model
-                  and TASKS[n].encodings() is ENCODINGS)
+    return sorted(n for n in TASKS if TASKS.origin(n) == "built-in" and TASKS[n].model_source.builds
+                  and TASKS[n].model_source.encodings() is ENCODINGS)
 
 
 @pytest.mark.parametrize("task", encoding_tasks())

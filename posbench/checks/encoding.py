@@ -73,7 +73,7 @@ def task_context(cls: Any) -> tuple[dict[str, Any], int]:
     for name in TASKS:
         task = TASKS[name]
         context = task.encoding_context(task.defaults())
-        if task.needs_model and all(key in context for key in cls.task_context):
+        if task.model_source.builds and all(key in context for key in cls.task_context):
             config = resolve_run_config(name, cls.name, "tiny" if "tiny" in task.preset_table() else None)
             vocab = max(task(config).vocab_size(), VOCAB)
             return {key: context[key] for key in cls.task_context}, vocab

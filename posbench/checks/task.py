@@ -35,7 +35,7 @@ def check_task(name: str, *, encoding: str = "rope", sets: tuple[str, ...] = ())
         check_options(report, cls, lambda options: configure(name, encoding, preset, sets, options))
         report.run("a version, a whole number from 1", lambda: version(cls))
         report.run("every preset resolves", lambda: presets(cls, encoding, sets))
-        if cls.needs_model:
+        if cls.model_source.builds:
             report.run("the training stream resumes from its saved state",
                        lambda: stream_resumes(cls, configure(name, encoding, preset, sets, {})))
         report.run(f"a short run ({STEPS} steps) is recorded and compare reads it",

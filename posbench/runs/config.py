@@ -170,8 +170,9 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
     preset = preset or task_cls.default_preset
     chosen = task_cls.preset(preset)
     source = resolve_init(init, init_flag) if init is not None else None
-    encoding = task_cls.choose_encoding(encoding, source)
-    encoding_cls = task_cls.encodings().get(encoding) if encoding is not None else None
+    models = task_cls.model_source
+    encoding = models.choose_encoding(encoding, source)
+    encoding_cls = models.encodings().get(encoding) if encoding is not None else None
     sections: dict[str, dict[str, Any]] = {
         "model": model_defaults(),
         "encoding": encoding_cls.defaults() if encoding_cls is not None else {},
@@ -186,7 +187,7 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
     if getattr(encoding_cls, "trains", True) is False:     # a training-free method (ntk): no steps unless asked
         sections["train"]["steps"] = 0
     if source is not None:
-        task_cls.take_init(sections, source)
+        models.take_init(sections, source, task_cls.OPTIONS)
     if steps is not None:
         apply_overrides(sections, {"train.steps": steps}, origin="--steps")
     for flag, value in (task_flags or {}).items():
@@ -232,7 +233,7 @@ def fill_task_context(task_cls: Any, encoding: str | None, encoding_cls: Any, se
         from posbench.tasks import TASKS
 
         what = ", ".join(f"{key} ({encoding_cls.OPTIONS[key].help})" for key in missing)
-        givers = [name for name in TASKS if TASKS[name].needs_model       # (bench builds its own models)
+        givers = [name for name in TASKS if TASKS[name].model_source.builds   # (bench builds its own models)
                   and all(key in TASKS[name].encoding_context(TASKS[name].defaults()) for key in needed)]
         raise ConfigError(f"encoding '{encoding}' needs {what}, which task '{task_cls.name}' does not give "
                           f"(tasks that do: {', '.join(givers) or 'none'})")

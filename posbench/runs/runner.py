@@ -82,7 +82,7 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
         if main:
             task.run_dir = run_dir
         seeds = seed_everything(config.seed)
-        model, init_record = task.build_model(device) if task.needs_model else (None, None)
+        model, init_record = task.model_source.build(task, device)
         if model is not None:
             model.to(device)
         loggers = make_loggers(config, run_dir) if main else []

@@ -9,7 +9,7 @@ The runner (``posbench.runs.runner``) calls, in this order::
 
     task = TaskClass(run_config)         # task.opts: the resolved ``task.*`` options; task.source: the --init
     task.validate()                      # raise ConfigError (one line) for what the options alone cannot say
-    model, init_record = task.build_model(device)       # a fresh Transformer, an --init model, ...
+    model, init_record = TaskClass.model_source.build(task, device)   # posbench.tasks.model_source
     for phase in task.phases():          # usually one: train on task.train_stream()
         train, then phase.evaluate(...)  # each phase checkpointed and resumable; its outcome saved
     evaluation = task.evaluate(model, device, reporter, phases)   # -> evaluation.outcome.Evaluation
@@ -30,9 +30,12 @@ Class attributes:
   ``expected`` table (``seconds``, ``hardware``, ``how`` = measured | estimated, ``note``): the wall time of one
   run, shown by ``ls presets``.
 
-Configuration hooks (class methods, called while the configuration is built): ``encodings()`` (the registry
-``--encoding`` names: encodings, or extension methods), ``choose_encoding``, ``take_init`` (what an ``--init``
-model sets), ``adjust`` (settings derived from others, e.g. passkey's ``train_length`` is the model's
+Where the model comes from is not the task's job: ``model_source`` names it (``posbench.tasks.model_source``: a
+fresh model or an ``--init`` one, the default; ``OWN`` for a task that builds its own, as bench; extend's
+pretrained Llama with a method), and that layer chooses the encoding (or method) ``--encoding`` names, takes what
+an ``--init`` model sets and builds the model.
+
+Configuration hooks (class methods, called while the configuration is built): ``adjust`` (settings derived from others, e.g. passkey's ``train_length`` is the model's
 ``max_seq_len``), ``encoding_context`` (encoding options only the task can give, e.g. the token ids of the
 digits, filled into every encoding that names them in its ``task_context``) and ``label_for`` (the run's name
 in tables and directories).
@@ -70,6 +73,7 @@ from torch import Tensor, nn
 from posbench.errors import ConfigError
 from posbench.options import Configurable
 from posbench.registry import Registry
+from posbench.tasks.model_source import FRESH, ModelSource
 from posbench.train.config import TrainConfig
 
 TASKS: Registry = Registry("task", entry_point_group="posbench.tasks")
@@ -107,7 +111,8 @@ class Task(Configurable):
     version: ClassVar[int] = 1
     presets: ClassVar[dict[str, dict[str, Any]]] = {}      # a plugin may give them here instead of a TOML file
     default_preset: ClassVar[str] = "small"
-    needs_model: ClassVar[bool] = True                      # False: the task builds its own models (bench)
+    #: where the run's model comes from, and how ``--encoding`` and ``--init`` choose it (posbench.tasks.model_source)
+    model_source: ClassVar[ModelSource] = FRESH
     #: False: the runner calls ``evaluate`` outside autocast, and the task enters it itself around each step (bench,
     #: which builds and frees a model per cell: torch keeps every weight autocast has cast, and through its
     #: autograd graph the weight and its gradient, until the outermost autocast exits)
@@ -126,40 +131,6 @@ class Task(Configurable):
         self.run_dir: Path | None = None         # set by the runner on the process that writes the run
 
     # ---- configuration (class methods: called while the configuration is built) ----------------------------
-    @classmethod
-    def encodings(cls) -> Registry:
-        """The registry ``--encoding`` names for this task."""
-        from posbench.encodings import ENCODINGS
-
-        return ENCODINGS
-
-    @classmethod
-    def choose_encoding(cls, encoding: str | None, source: Any) -> str | None:
-        """The run's encoding: ``--encoding``, or the ``--init`` run's; None for a pretrained model (its own)."""
-        if source is None:
-            if encoding is None:
-                raise ConfigError("--encoding is required (or --init RUN_DIR to take it from another run)")
-            return encoding
-        if source.is_posbench:
-            if encoding is not None and encoding != source.encoding:
-                raise ConfigError(f"--init run {source.given} uses encoding '{source.encoding}', not '{encoding}'")
-            return source.encoding
-        if encoding is not None:
-            raise ConfigError(f"--init {source.given} is a pretrained {source.label} model with its own positional "
-                              f"encoding; leave --encoding out")
-        return None
-
-    @classmethod
-    def take_init(cls, sections: dict[str, dict[str, Any]], source: Any) -> None:
-        """What the ``--init`` model sets: its architecture, its encoding options, its tokenizer."""
-        for key in sections["model"]:
-            if key in source.model:
-                sections["model"][key] = source.model[key]
-        recorded = source.model.get("encoding_options") or {}
-        sections["encoding"].update({k: v for k, v in recorded.items() if k in sections["encoding"]})
-        if "tokenizer" in sections["task"]:        # the init model's tokenizer; a preset's is for fresh runs
-            sections["task"]["tokenizer"] = cls.OPTIONS["tokenizer"].default
-
     @classmethod
     def adjust(cls, sections: dict[str, dict[str, Any]], source: Any) -> None:
         """Settings that follow from others (after flags and ``--set``); default: none."""
@@ -207,12 +178,6 @@ class Task(Configurable):
 
         return ModelConfig(vocab_size=self.vocab_size(), encoding=self.config.encoding,
                            encoding_options=dict(self.config.encoding_options), **self.config.model)
-
-    def build_model(self, device: torch.device) -> tuple[nn.Module, dict[str, Any] | None]:
-        """The model this run trains and evaluates, and the ``init`` record of the result."""
-        from posbench.tasks.build_model import build_model
-
-        return build_model(self)
 
     def train_stream(self) -> Any:
         """The training batches (see the module docstring)."""

@@ -43,6 +43,7 @@ from posbench.evaluation.outcome import Evaluation
 from posbench.files import append_jsonl, write_jsonl
 from posbench.options import Each, OneOf, Option, at_least
 from posbench.tasks.base import Phase, Task
+from posbench.tasks.model_source import OWN
 
 BASELINE = "rope"
 MODES = ("train", "forward", "decode")
@@ -98,12 +99,8 @@ class Bench(Task):
                                "call's $OUT: a kill keeps every finished cell); empty: none"),
     }
     default_preset = "small"
-    needs_model = False
+    model_source = OWN                            # a model per cell, built by the task itself
     evaluate_in_autocast = False                  # each step enters its own (see the module's docstring)
-
-    @classmethod
-    def choose_encoding(cls, encoding, source):
-        return None                               # the cells name their encodings (task.encodings)
 
     @classmethod
     def adjust(cls, sections, source) -> None:

@@ -21,14 +21,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
 
 from posbench.errors import ConfigError
 from posbench.evaluation.outcome import Evaluation, Metric
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
 from posbench.options import Option, at_least
 from posbench.tasks.corpus_task import CorpusTask
+from posbench.tasks.extend.source import EXTENDED_LLAMA
 
 MODEL_SUBDIR = "checkpoint/model"
 
@@ -48,28 +47,9 @@ class Extend(CorpusTask):
     }
     default_preset = "small"
 
+    model_source = EXTENDED_LLAMA                          # the pretrained Llama with its method (source.py)
+
     # ---- configuration ---------------------------------------------------------------------------------------
-    @classmethod
-    def encodings(cls):
-        from posbench.hf.methods import METHODS
-
-        return METHODS
-
-    @classmethod
-    def choose_encoding(cls, encoding, source):
-        if source is None or source.kind == "run" or (source.kind == "export" and source.model_type != "llama"):
-            raise ConfigError("extend needs a pretrained Hugging Face Llama: --model DIR (a local directory in the "
-                              "save_pretrained layout, or a RoPE run's 'posbench export') or a hub name")
-        if encoding is None:
-            raise ConfigError("extend needs --method (tape, lora, longlora, theta, ...; 'posbench ls encodings')")
-        return encoding
-
-    @classmethod
-    def take_init(cls, sections, source) -> None:
-        for key in sections["model"]:                      # the architecture, recorded with the run
-            if key in source.model:
-                sections["model"][key] = source.model[key]
-
     @classmethod
     def adjust(cls, sections, source) -> None:
         """The training length is the new context length."""
@@ -126,14 +106,6 @@ class Extend(CorpusTask):
         if self.tokenizer.vocab_size > self.base.vocab_size:
             raise HFModelError(f"the tokenizer of {self.source.given} has {self.tokenizer.vocab_size} tokens, more "
                                f"than the model's vocabulary ({self.base.vocab_size})")
-
-    def build_model(self, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
-        from posbench.hf.adapter import extended_model
-
-        model = extended_model(self.source.model_dir, self.method, self.scale, self.opts["length"],
-                               self.config.label, device)
-        self.base_parameters = model.base_parameters
-        return model, {"run": self.source.given, "kind": self.source.kind, "label": self.source.label}
 
     def train_tokens(self):
         if self._train is None and not self.opts["max_train_tokens"]:
