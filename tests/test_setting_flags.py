@@ -96,3 +96,72 @@ def test_the_tape_method_takes_the_encodings_declarations():
 
     for key, option in METHODS["tape"].OPTIONS.items():
         assert option is TAPE.OPTIONS[key]
+
+
+# ---- a small Task: the model comes from a source of its own (issue 37, item 2) -------------------------------
+
+def test_a_task_says_nothing_of_how_its_model_is_chosen_or_built():
+    from posbench.tasks.base import Task
+
+    for member in ("build_model", "choose_encoding", "take_init", "encodings", "needs_model"):
+        assert not hasattr(Task, member), member
+    from posbench.tasks.model_source import FRESH, OWN
+
+    assert TASKS["perplexity"].model_source is FRESH and TASKS["bench"].model_source is OWN
+    assert type(TASKS["extend"].model_source).__name__ == "ExtendedLlama"
+
+
+def test_a_task_with_its_own_model_source_is_run_by_the_one_runner(tmp_path):
+    """A plugin task that names a source of its own: the configuration asks it for the encoding and the runner
+    for the model (here a fresh model whose every weight is zeroed, so the run's loss is exactly ln(vocab))."""
+    import math
+
+    import torch
+
+    from posbench.data.batch import Batch, masked_cross_entropy
+    from posbench.evaluation.outcome import Evaluation, Metric
+    from posbench.model import Transformer
+    from posbench.runs import runner
+    from posbench.runs.config import resolve_run_config
+    from posbench.tasks import Task
+    from posbench.tasks.model_source import ModelSource
+
+    asked = []
+
+    class ZeroedModels(ModelSource):
+        def choose_encoding(self, encoding, source):
+            asked.append(encoding)
+            return "nope"                                     # whatever --encoding said
+
+        def build(self, task, device):
+            model = Transformer(task.model_config())
+            with torch.no_grad():
+                for weight in model.parameters():
+                    weight.zero_()
+            return model, {"kind": "zeroed"}
+
+    class Uniform(Task):
+        name = "test-zeroed-source"
+        description = "a task whose model comes from a source of its own"
+        OPTIONS = {}
+        presets = {"tiny": {"model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_seq_len": 8},
+                            "train": {"steps": 0}}}
+        default_preset = "tiny"
+        model_source = ZeroedModels()
+
+        def vocab_size(self):
+            return 13
+
+        def evaluate(self, model, device, reporter, phases):
+            tokens = torch.arange(16).reshape(2, 8) % 13
+            loss, count = masked_cross_entropy(model, Batch(tokens[:, :-1], tokens[:, 1:]))
+            return Evaluation(metrics={"loss": Metric(loss.item() / count, None, count)}, primary="loss")
+
+    try:
+        config = resolve_run_config("test-zeroed-source", "rope", None, device="cpu")
+        outcome = runner.execute(config, tmp_path)
+    finally:
+        TASKS.remove("test-zeroed-source")
+    assert asked == ["rope"] and config.encoding == "nope"
+    assert abs(outcome.record.metrics["loss"].value - math.log(13)) < 1e-6          # float32 logits of 0
+    assert outcome.record.init == {"kind": "zeroed"}
