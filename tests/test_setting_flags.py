@@ -19,10 +19,6 @@ SHARED_NAMES = {
     ("run", "--encoding"): "the encodings to run in turn (several); model.encoding is the one each run records",
     ("check", "--encoding"): "which encoding's parameters to check, as run's",
     ("bench", "--encoding"): "the encodings to time: task.encodings, as a shortcut",
-    ("extend", "--length"): "extend's own pipeline (issue 37 leaves extend's flags for a later change)",
-    ("extend", "--data"): "extend's own pipeline",
-    ("extend", "--scale"): "extend's own pipeline",
-    ("extend", "--steps"): "extend's own pipeline",
     ("score", "--data"): "the directory of a data set to score against, not a run's data source",
 }
 

@@ -54,7 +54,8 @@ def command(name: str, fn, epilog: str, **kwargs) -> None:
 command("run", run.run, run.RUN_EPILOG, cls=RunHelp,
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 command("ls", ls.ls, ls.LS_EPILOG)
-command("extend", extend.extend, extend.EXTEND_EPILOG, cls=ExtendHelp)
+command("extend", extend.extend, extend.EXTEND_EPILOG, cls=ExtendHelp,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 command("compare", compare.compare, compare.COMPARE_EPILOG)
 command("score", score.score, score.SCORE_EPILOG)
 command("bench", bench.bench, bench.BENCH_EPILOG, cls=BenchHelp,

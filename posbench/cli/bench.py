@@ -38,6 +38,7 @@ def bench(
                                  "write nothing."),
 ) -> None:
     """Measure each encoding's training (or forward, or decoding) step; writes results/bench/<mode>/<run-id>/.
+
     Every setting of the bench task, of train and of model is a flag (below): --steps 5, --lengths 1024,8192,
     --mode decode, --compile, --attention flex, --threads 2."""
     from posbench.cli.setting_flags import sets_from_flags

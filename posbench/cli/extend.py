@@ -21,21 +21,18 @@ EXTEND_EPILOG = """[bold]Examples[/bold]
   posbench extend --resume results/extend/llama+tape/20250101-120000-ab12cd
 
   posbench run -t perplexity --init results/extend/llama+tape/20250101-120000-ab12cd
+
+[bold]Settings[/bold]: each is a flag, and --set SECTION.KEY=VALUE. The defaults are the declarations'; a preset sets
+its own ('posbench ls presets extend').
 """
 
 
 def extend(
+    ctx: typer.Context,
     model: Optional[str] = typer.Option(None, "--model", "-m", help="A local Llama directory, or a hub name "
                                         "(when online)."),
     # the help of --method and --preset lists what is registered (posbench.cli.registry_help.ExtendHelp)
     method: Optional[str] = typer.Option(None, "--method", help="The extension method."),
-    length: Optional[int] = typer.Option(None, "--length", "-l", help="The new context length in tokens (at least "
-                                         "the model's own)."),
-    data: Optional[str] = typer.Option(None, "--data", help="Training text: stdlib (built in), a .jsonl/.json/"
-                                       ".parquet/.txt file or directory, or a hub name."),
-    scale: Optional[float] = typer.Option(None, "--scale", help="Scale factor: positions divided by it (yarn, ntk: "
-                                          "their factor); default length / the model's context."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (overrides the preset)."),
     preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Preset ('posbench ls presets')."),
     seed: int = typer.Option(0, "--seed", help="Seed of the data order and the new parameters."),
     device: str = typer.Option("auto", "--device", help="auto (cuda, mps, cpu), cpu, cuda, cuda:N, mps."),
@@ -51,7 +48,11 @@ def extend(
 ) -> None:
     """Extend a Llama's context window (and fine-tune it, unless the method is training-free); writes
     results/extend/<model>+<method>/<run-id>/.
-    The same run as 'posbench run -t extend --init MODEL --encoding METHOD --set task.length=L'."""
+    The same run as 'posbench run -t extend --init MODEL --encoding METHOD --length L --data SOURCE'.
+
+    Every setting of the extend task, of train and of model is a flag (below): --length 8192 and --data SOURCE (both needed),
+    --scale 2, --steps 100, --lr 2e-5."""
+    from posbench.cli.setting_flags import sets_from_flags
     from posbench.errors import ConfigError
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
@@ -59,19 +60,20 @@ def extend(
     with user_errors():
         reporter = progress_reporter(quiet)
         if resume is not None:
-            others = bool(model or method or length is not None or data or scale is not None or steps is not None
-                          or sets or logs)
+            others = bool(model or method or sets or logs or ctx.args)
             outcome = resume_run(resume, others=others, dry_run=dry_run, device=device, reporter=reporter)
             if outcome is None:
                 return
         else:
-            missing = [flag for flag, value in (("--model", model), ("--method", method), ("--length", length),
-                                                ("--data", data)) if value is None]
+            settings = [*sets_from_flags(list(ctx.args), "extend", "extend"), *sets]
+            given = {item.partition("=")[0] for item in settings}
+            missing = [flag for flag, value in (("--model", model), ("--method", method),
+                                                ("--length", "task.length" in given or None),
+                                                ("--data", "task.data" in given or None)) if value is None]
             if missing:
                 raise ConfigError(f"extend needs {', '.join(missing)} (see 'posbench extend --help')")
-            settings = [f"task.length={length}", *([f"task.scale={scale}"] if scale is not None else []), *sets]
-            config = resolve_run_config("extend", method, preset, steps=steps, seed=seed, device=device, init=model,
-                                        sets=settings, task_flags={"data": data}, init_flag="--model", logs=logs)
+            config = resolve_run_config("extend", method, preset, seed=seed, device=device, init=model,
+                                        sets=settings, init_flag="--model", logs=logs)
             if dry_run:
                 show_configs([config])
                 return

@@ -99,5 +99,6 @@ class RunHelp(RegistryHelp):
     fills = {"encoding": encodings_help, "task": tasks_help, "preset": presets_help}
 
 
-class ExtendHelp(RegistryHelp):
+class ExtendHelp(SettingsHelp):
+    task = "extend"
     fills = {"method": methods_help, "preset": extend_presets_help}

@@ -55,7 +55,9 @@ def run(
                                  "write nothing."),
 ) -> None:
     """Train and evaluate one or more encodings on a task; writes results/<task>/<encoding>/<run-id>/ (or continues
-    a killed run, of any task: --resume). Every setting of the task, of train and of model is also a flag
+    a killed run, of any task: --resume).
+
+    Every setting of the task, of train and of model is also a flag
     (--lr 3e-4, --train-digits 4: the task's own first; 'posbench ls tasks TASK' lists a task's)."""
     from posbench.errors import ConfigError
     from posbench.runs import runner
