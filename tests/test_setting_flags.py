@@ -161,3 +161,36 @@ def test_a_task_with_its_own_model_source_is_run_by_the_one_runner(tmp_path):
     assert asked == ["rope"] and config.encoding == "nope"
     assert abs(outcome.record.metrics["loss"].value - math.log(13)) < 1e-6          # float32 logits of 0
     assert outcome.record.init == {"kind": "zeroed"}
+
+
+# ---- the sweep's SLURM settings: one declaration for the study file, the flags and the help -----------------
+
+def test_slurm_settings_from_the_study_file_and_the_flags_are_one_declaration(tmp_path):
+    from posbench.cli.setting_flags import parse_flags, slurm_declarations
+    from posbench.sweep.slurm import SlurmOptions, slurm_options
+    from posbench.sweep.study import read_study
+
+    study = tmp_path / "s.toml"
+    study.write_text('encodings = ["rope"]\ntasks = ["arithmetic"]\n[slurm]\nqos = "high"\nmem = "8G"\ntime = 90\n')
+    table = read_study(study).slurm                                     # every declared key is a valid key
+    flags = {k: v for _, k, v in parse_flags(["--qos", "low", "--gpus-per-cell", "2", "--time", "1:30:00"],
+                                             slurm_declarations(), "sweep", "")}
+    options = slurm_options(table, flags)                                # the flags win over the table
+    assert (options.qos, options.mem, options.time, options.gpus_per_cell) == ("low", "8G", 90, 2)
+    assert set(slurm_declarations()) == {k.replace("_", "-") for k in declared(SlurmOptions)} - {"additional"}
+    study.write_text('encodings = ["rope"]\ntasks = ["arithmetic"]\n[slurm]\nqoss = "high"\n')
+    with pytest.raises(ConfigError, match="unknown key 'qoss'"):
+        read_study(study)
+
+
+def test_the_sweep_refuses_slurm_flags_for_a_local_run_and_misspellings(tmp_path, capsys):
+    from posbench.cli.app import main
+
+    study = tmp_path / "s.toml"
+    study.write_text('encodings = ["rope"]\ntasks = ["arithmetic"]\npresets = ["tiny"]\n')
+    assert main(["sweep", str(study), "--dry-run", "--mem", "8G"]) == 2
+    assert "--mem: options of --executor slurm" in capsys.readouterr().err
+    assert main(["sweep", str(study), "--dry-run", "--executor", "slurm", "--partitoin", "gpu"]) == 2
+    assert "did you mean --partition?" in capsys.readouterr().err
+    assert main(["sweep", str(study), "--dry-run", "--executor", "slurm", "--mem", "8G", "--time", "30"]) == 0
+    assert "30 min per cell" in capsys.readouterr().out

@@ -14,7 +14,7 @@ import typer
 
 from posbench.cli import bench, check, compare, export, extend, ls, run, score, sweep
 from posbench.cli.common import err, print_error, user_errors
-from posbench.cli.registry_help import BenchHelp, ExtendHelp, RunHelp
+from posbench.cli.registry_help import BenchHelp, ExtendHelp, RunHelp, SweepHelp
 
 app = typer.Typer(
     name="posbench", add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
@@ -61,7 +61,8 @@ command("score", score.score, score.SCORE_EPILOG)
 command("bench", bench.bench, bench.BENCH_EPILOG, cls=BenchHelp,
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 command("export", export.export, export.EXPORT_EPILOG)
-command("sweep", sweep.sweep, sweep.SWEEP_EPILOG)
+command("sweep", sweep.sweep, sweep.SWEEP_EPILOG, cls=SweepHelp,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 command("check", check.check, check.CHECK_EPILOG)
 
 

@@ -91,6 +91,18 @@ class SettingsHelp(RegistryHelp):
         return super().format_help(ctx, formatter)
 
 
+class SweepHelp(SettingsHelp):
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from rich.markup import escape
+
+        from posbench.cli.setting_flags import flags_help, slurm_declarations
+
+        if not getattr(self, "_listed", False):
+            self.epilog = (self.epilog or "") + "\n" + escape(flags_help("", known=slurm_declarations()))
+            self._listed = True
+        return super(SettingsHelp, self).format_help(ctx, formatter)
+
+
 class BenchHelp(SettingsHelp):
     task = "bench"
 

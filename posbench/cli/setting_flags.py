@@ -41,8 +41,17 @@ def declarations(task_name: str) -> dict[str, tuple[str, Any]]:
 def sets_from_flags(args: list[str], task_name: str, command: str) -> list[str]:
     """The ``--set`` entries (``section.key=value``) that the flags ``args`` name; one ``ConfigError`` line for
     an unknown flag (with the nearest names) or a stray word."""
-    known = declarations(task_name)
-    sets, i = [], 0
+    where = (f"the {task_name} task's settings, and train's and model's, are flags: 'posbench ls tasks {task_name}' "
+             f"lists the task's")
+    return [f"{section}.{key}={value}" for section, key, value in
+            parse_flags(args, declarations(task_name), command, where)]
+
+
+def parse_flags(args: list[str], known: dict[str, tuple[str, Any]], command: str,
+                where: str) -> list[tuple[str, str, str]]:
+    """``(section, key, value)`` for each flag of ``args``, ``known`` mapping flag names (dashes) to their section
+    and declaration; ``where`` says, in an unknown flag's error, where the valid ones are listed."""
+    found, i = [], 0
     while i < len(args):
         word = args[i]
         if not word.startswith("--") or word == "--":
@@ -54,36 +63,41 @@ def sets_from_flags(args: list[str], task_name: str, command: str) -> list[str]:
         if key not in known:
             close = difflib.get_close_matches(key, list(known), n=3)
             hint = f"; did you mean {', '.join('--' + c for c in close)}?" if close else ""
-            raise ConfigError(f"{command}: unknown option --{name}{hint} (the {task_name} task's settings, and "
-                              f"train's and model's, are flags: 'posbench ls tasks {task_name}' lists the task's)")
+            raise ConfigError(f"{command}: unknown option --{name}{hint} ({where})")
         section, option = known[key]
         boolean = isinstance(option.default, bool) or isinstance(option.limit, Switch)     # Switch: or auto
+        needs_value = ConfigError(f"{command}: --{name} needs a value ({section}.{key.replace('-', '_')}: "
+                                  f"{option.help})")
         if negated or (boolean and not eq and (i + 1 == len(args) or args[i + 1].startswith("--"))):
             if not boolean:
-                raise ConfigError(f"{command}: --{name} needs a value ({section}.{key.replace('-', '_')}: "
-                                  f"{option.help})")
+                raise needs_value
             value, i = ("false" if negated else "true"), i + 1
         elif not eq:
-            if i + 1 == len(args):
-                raise ConfigError(f"{command}: --{name} needs a value ({section}.{key.replace('-', '_')}: "
-                                  f"{option.help})")
-            if args[i + 1].startswith("--"):
-                raise ConfigError(f"{command}: --{name} needs a value ({section}.{key.replace('-', '_')}: "
-                                  f"{option.help})")
+            if i + 1 == len(args) or args[i + 1].startswith("--"):
+                raise needs_value
             value, i = args[i + 1], i + 2
         else:
             i += 1
-        sets.append(f"{section}.{key.replace('-', '_')}={value}")
-    return sets
+        found.append((section, key.replace("-", "_"), value))
+    return found
 
 
-def flags_help(task_name: str, taken: set[str] = frozenset()) -> str:
-    """The flags of a run of ``task_name``, one line each, for ``--help`` (read when the help is shown); ``taken``:
-    names the command declares itself (its own ``--encoding``), left out."""
+def flags_help(task_name: str, taken: set[str] = frozenset(), known: dict[str, tuple[str, Any]] | None = None) -> str:
+    """The flags of a run of ``task_name`` (or ``known``), one line each, for ``--help`` (read when the help is
+    shown); ``taken``: names the command declares itself (its own ``--encoding``), left out."""
     lines = []
-    for name, (section, option) in declarations(task_name).items():
+    for name, (section, option) in (known if known is not None else declarations(task_name)).items():
         if f"--{name}" in taken:
             continue
         default = ",".join(map(str, option.default)) if isinstance(option.default, list) else option.default
         lines.append(f"  --{name}  {option.help} ({section}.{name.replace('-', '_')}, default {default})")
     return "\n\n".join(lines)
+
+
+def slurm_declarations() -> dict[str, tuple[str, Any]]:
+    """The sweep's executor settings (``posbench.sweep.slurm.SlurmOptions``) as flags: ``--partition gpu``."""
+    from posbench.options import declared
+    from posbench.sweep.slurm import SlurmOptions
+
+    return {key.replace("_", "-"): ("slurm", option) for key, option in declared(SlurmOptions).items()
+            if key != "additional"}                  # a table: the study file's [slurm] only

@@ -19,12 +19,16 @@ SWEEP_EPILOG = """[bold]Examples[/bold]
   posbench sweep study.toml --executor slurm --partition gpu --gpus-per-cell 1 --time 120
 
   posbench sweep study.toml --retry-failed                (also rerun the cells that failed)
+
+[bold]Executor settings[/bold]: each is a flag, and a key of the study file's [slurm] table (the flag wins); all but
+--gpus-per-cell are --executor slurm's.
 """
 
 EXECUTORS = ("local", "slurm")
 
 
 def sweep(
+    ctx: typer.Context,
     study_file: Path = typer.Argument(..., metavar="STUDY.toml", help="The study file (docs/sweeps.md)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: "
                                            "results/<study name>); one folder per cell under cells/."),
@@ -32,16 +36,6 @@ def sweep(
                                  "cell, through submitit)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="local: cells at a time (default: one per GPU, "
                                        "or 1 on CPUs); the cores are shared out among them."),
-    gpus_per_cell: Optional[int] = typer.Option(None, "--gpus-per-cell", help="GPUs per cell; more than one runs "
-                                                "the cell under torchrun."),
-    cpus_per_cell: Optional[int] = typer.Option(None, "--cpus-per-cell", help="slurm: CPUs per job (and the "
-                                                "cell's train.threads); default 1."),
-    partition: Optional[str] = typer.Option(None, "--partition", help="slurm: the partition."),
-    time_limit: Optional[str] = typer.Option(None, "--time", help="slurm: time limit per cell, minutes or "
-                                             "[D-]HH:MM:SS (default: twice the preset's expected time + 15 min)."),
-    account: Optional[str] = typer.Option(None, "--account", help="slurm: the account to charge."),
-    max_jobs: Optional[int] = typer.Option(None, "--max-jobs", help="slurm: cells queued or running at once "
-                                           "(default: every cell that is ready)."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Also run the cells that failed before "
                                       "(from their checkpoint when they have one)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no per-cell lines."),
@@ -51,6 +45,7 @@ def sweep(
     """Run a study: every cell (task x encoding x preset x variant x seed) is one 'posbench run' with its own
     process, on this machine (--jobs N) or as a SLURM job; a rerun skips finished cells, resumes killed ones, and
     reruns failed ones with --retry-failed. Ends with a table of every cell and the 'posbench compare' command."""
+    from posbench.cli.setting_flags import parse_flags, slurm_declarations
     from posbench.sweep.display import expected_total, plan_table
     from posbench.sweep.plan import expand, validate
     from posbench.sweep.study import StudyError, read_study
@@ -58,16 +53,15 @@ def sweep(
     with user_errors():
         if executor not in EXECUTORS:
             raise StudyError(f"--executor {executor!r}: choose local or slurm")
-        for name, value in (("--jobs", jobs), ("--gpus-per-cell", gpus_per_cell), ("--max-jobs", max_jobs)):
-            if value is not None and value < 1:
-                raise StudyError(f"{name} must be >= 1, got {value}")
+        if jobs is not None and jobs < 1:
+            raise StudyError(f"--jobs must be >= 1, got {jobs}")
+        given = {key: value for _, key, value in parse_flags(list(ctx.args), slurm_declarations(), "sweep",
+                                                              "'posbench sweep --help' lists them")}
         study = read_study(study_file)
         cells = expand(study)
         validate(cells)
         root = out_dir if out_dir is not None else Path("results") / study.name
-        runner = make_executor(executor, study, root, jobs=jobs, gpus_per_cell=gpus_per_cell,
-                               cpus_per_cell=cpus_per_cell, partition=partition, time_limit=time_limit,
-                               account=account, max_jobs=max_jobs, dry_run=dry_run)
+        runner = make_executor(executor, study, root, jobs=jobs, given=given, dry_run=dry_run)
         console = wide_out()
         console.print(plan_table(cells, statuses(cells, root, getattr(runner, "state_of", None))))
         console.print(expected_total(cells))
@@ -111,27 +105,28 @@ def statuses(cells, root: Path, active=None) -> dict[str, str]:
     return found
 
 
-def make_executor(kind: str, study, root: Path, *, jobs, gpus_per_cell, cpus_per_cell, partition, time_limit,
-                  account, max_jobs, dry_run: bool = False):
-    """The executor, its options checked; with ``dry_run`` a SLURM executor is only described (no sbatch needed)."""
+def make_executor(kind: str, study, root: Path, *, jobs, given: dict[str, str], dry_run: bool = False):
+    """The executor, its options checked (``given``: the executor settings from the command line, by key); with
+    ``dry_run`` a SLURM executor is only described (no sbatch needed)."""
+    from posbench.sweep.slurm import slurm_options
     from posbench.sweep.study import StudyError
 
     if kind == "local":
-        slurm_only = {"--cpus-per-cell": cpus_per_cell, "--partition": partition, "--time": time_limit,
-                      "--account": account, "--max-jobs": max_jobs}
-        given = [name for name, value in slurm_only.items() if value is not None]
-        if given:
-            raise StudyError(f"{', '.join(given)}: options of --executor slurm")
+        slurm_only = [f"--{key.replace('_', '-')}" for key in given if key != "gpus_per_cell"]
+        if slurm_only:
+            raise StudyError(f"{', '.join(slurm_only)}: options of --executor slurm")
         from posbench.sweep.local import LocalExecutor
 
-        return LocalExecutor(jobs, gpus_per_cell or 1, study.device)
+        gpus = slurm_options({}, {"gpus_per_cell": given["gpus_per_cell"]}).gpus_per_cell \
+            if "gpus_per_cell" in given else None
+        if gpus is not None and gpus < 1:
+            raise StudyError(f"--gpus-per-cell must be >= 1 here, got {gpus}")
+        return LocalExecutor(jobs, gpus or 1, study.device)
     if jobs is not None:
         raise StudyError("--jobs: an option of --executor local (on SLURM: --max-jobs)")
-    from posbench.sweep.slurm import SlurmExecutor, describe, slurm_options
+    from posbench.sweep.slurm import SlurmExecutor, describe
 
-    options = slurm_options(study.slurm, {"partition": partition, "time": time_limit, "account": account,
-                                          "gpus_per_cell": gpus_per_cell, "cpus_per_cell": cpus_per_cell,
-                                          "max_jobs": max_jobs})
+    options = slurm_options(study.slurm, given)
     return describe(options) if dry_run else SlurmExecutor(root / "slurm", options)
 
 

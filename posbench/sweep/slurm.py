@@ -31,6 +31,7 @@ from typing import Any
 
 from posbench.errors import UserError
 from posbench.files import atomic_write_json, json_object
+from posbench.options import OptionError, at_least, declared, option, resolve
 from posbench.sweep.cell import SPEC_FILE, CellJob, is_locked
 
 JOB_FILE = "job.json"
@@ -44,16 +45,21 @@ class SlurmError(UserError):
 
 @dataclass
 class SlurmOptions:
-    partition: str | None = None
-    time: int | None = None                 # minutes per cell; None: from the preset's expected time
-    gpus_per_cell: int = 0
-    cpus_per_cell: int = 1
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    mem: str | None = None                  # e.g. "32G"
-    max_jobs: int | None = None             # cells queued or running at once; None: all that are ready
-    additional: dict[str, Any] = field(default_factory=dict)
+    """The SLURM executor's settings, each declared once: the study's ``[slurm]`` table, the sweep's flags
+    (``--partition gpu``, made from these declarations) and its ``--help`` read them. Empty text: not asked for."""
+
+    partition: str = option("", "the partition (empty: the cluster's default)")
+    time: Any = option(None, "time limit per cell, minutes or [D-]HH:MM:SS (none: twice the preset's expected time "
+                             "+ 15 min)")
+    gpus_per_cell: int = option(0, "GPUs per cell; more than one runs the cell under torchrun (local executor too)",
+                                at_least(0))
+    cpus_per_cell: int = option(1, "CPUs per job (and the cell's train.threads)", at_least(1))
+    account: str = option("", "the account to charge")
+    qos: str = option("", "the quality of service")
+    constraint: str = option("", "the node features a job needs (sbatch --constraint)")
+    mem: str = option("", "memory per node, e.g. 32G")
+    max_jobs: int = option(0, "cells queued or running at once (0: every cell that is ready)", at_least(0))
+    additional: Any = option(None, "any other sbatch option, a table: { exclusive = true }")
 
 
 @dataclass
@@ -221,8 +227,8 @@ def job_parameters(o: SlurmOptions, spec: dict[str, Any]) -> dict[str, Any]:
     params: dict[str, Any] = {"job_name": f"posbench:{spec['id']}", "time": time_min, "nodes": 1,
                               "ntasks_per_node": 1, "cpus_per_task": o.cpus_per_cell, "stderr_to_stdout": True}
     optional = {"partition": o.partition, "account": o.account, "qos": o.qos, "constraint": o.constraint,
-                "mem": o.mem, "gpus_per_node": o.gpus_per_cell or None}
-    params.update({k: v for k, v in optional.items() if v is not None})
+                "mem": o.mem, "gpus_per_node": o.gpus_per_cell}
+    params.update({k: v for k, v in optional.items() if v})
     if o.additional:
         params["additional_parameters"] = dict(o.additional)
     return params
@@ -261,24 +267,17 @@ def final_state(job_id: str | None) -> str:
 
 
 def slurm_options(table: dict[str, Any], overrides: dict[str, Any]) -> SlurmOptions:
-    """The study's ``[slurm]`` table, then the command line's options (those given), each checked."""
+    """The study's ``[slurm]`` table, then the command line's options (those given), each through its declaration
+    (``SlurmOptions``); ``time`` in minutes."""
+    options = declared(SlurmOptions)
     given = {**table, **{k: v for k, v in overrides.items() if v is not None}}
-    options = SlurmOptions()
-    for key in ("partition", "account", "qos", "constraint", "mem"):
-        if key in given:
-            if not isinstance(given[key], str) or not given[key]:
-                raise SlurmError(f"slurm {key} must be a non-empty string, got {given[key]!r}")
-            setattr(options, key, given[key])
-    if "time" in given:
-        options.time = minutes(given["time"], "slurm")
-    for key, least in (("gpus_per_cell", 0), ("cpus_per_cell", 1), ("max_jobs", 1)):
-        if key in given:
-            value = given[key]
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise SlurmError(f"slurm {key} must be an integer >= {least}, got {value!r}")
-            setattr(options, key, value)
-    if "additional" in given:
-        if not isinstance(given["additional"], dict):
-            raise SlurmError("slurm additional must be a table of sbatch options, e.g. { exclusive = true }")
-        options.additional = dict(given["additional"])
-    return options
+    try:
+        values = resolve("slurm", {k: o.default for k, o in options.items()}, given,
+                         {k: o.limit for k, o in options.items() if o.limit}, label="slurm ")
+    except OptionError as exc:
+        raise SlurmError(str(exc)) from None
+    if values["time"] is not None:
+        values["time"] = minutes(values["time"], "slurm")
+    if values["additional"] is not None and not isinstance(values["additional"], dict):
+        raise SlurmError("slurm additional must be a table of sbatch options, e.g. { exclusive = true }")
+    return SlurmOptions(**values)

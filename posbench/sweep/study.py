@@ -36,12 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from posbench.errors import ConfigError
-from posbench.options import did_you_mean
+from posbench.options import declared, did_you_mean
 
 TOP_KEYS = ("name", "encodings", "tasks", "seeds", "presets", "set", "variants", "task", "device", "slurm")
 TASK_KEYS = ("init", "set", "presets", "encodings")
-SLURM_KEYS = ("partition", "time", "gpus_per_cell", "cpus_per_cell", "account", "qos", "constraint", "mem",
-              "max_jobs", "additional")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
 
 
@@ -116,7 +114,9 @@ def read_study(path: Path | str) -> Study:
             raise StudyError(f"{where}: variant name {key!r}: use letters, digits and _ . = + -")
         variants[key] = tuple(strings(value, f"{where}: variant {key!r}"))
     slurm = table(raw.get("slurm", {}), f"{where}: [slurm]")
-    known(slurm, SLURM_KEYS, f"{where}: [slurm]")
+    from posbench.sweep.slurm import SlurmOptions          # its settings' one declaration
+
+    known(slurm, tuple(declared(SlurmOptions)), f"{where}: [slurm]")
     device = raw.get("device", "auto")
     if not isinstance(device, str):
         raise StudyError(f"{where}: device must be a string (auto, cpu, cuda), got {device!r}")
