@@ -26,7 +26,7 @@ def _force_cache():
 
 
 def _config(corpus: str):
-    return resolve_run_config("pretrain", "rope", "tiny", sets=SETS, task_flags={"data": corpus})
+    return resolve_run_config("pretrain", "rope", "tiny", sets=[f"task.data={corpus}", *SETS])
 
 
 def worker(rank: int, world: int, port: int, corpus: str, out: str, cache: str, result: str) -> None:

@@ -49,7 +49,7 @@ def test_the_task_runs_with_tau_scrolls_and_with_the_hubs_archives(data, tmp_pat
     zips = _zip_fixtures(tmp_path / "hub" / "tau" / "scrolls")
     monkeypatch.setattr(hub, "HUB_ROOT", str(tmp_path / "hub"))
     arg = str(zips) if data == "zips" else data
-    cfg = resolve_run_config("scrolls", "rope", "tiny", task_flags={"data": arg, "datasets": "qasper,gov_report"})
+    cfg = resolve_run_config("scrolls", "rope", "tiny", sets=[f"task.data={arg}", "task.datasets=qasper,gov_report"])
     task = Scrolls(cfg)
     task.validate()                                          # accepted: not "not a directory"
     for dataset in ("qasper", "gov_report"):
@@ -63,11 +63,11 @@ def test_the_task_runs_with_tau_scrolls_and_with_the_hubs_archives(data, tmp_pat
 
 def test_an_offline_hub_or_a_missing_archive_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    cfg = resolve_run_config("scrolls", "rope", "tiny", task_flags={"data": "tau/scrolls", "datasets": "qasper"})
+    cfg = resolve_run_config("scrolls", "rope", "tiny", sets=["task.data=tau/scrolls", "task.datasets=qasper"])
     with pytest.raises(DataError, match="offline.*--data DIR"):
         Scrolls(cfg).validate()
     _zip_fixtures(tmp_path / "z")
-    cfg = resolve_run_config("scrolls", "rope", "tiny", task_flags={"data": str(tmp_path / "z"), "datasets": "quality"})
+    cfg = resolve_run_config("scrolls", "rope", "tiny", sets=[f"task.data={tmp_path / 'z'}", "task.datasets=quality"])
     with pytest.raises(DataError, match=r"has no quality/ folder \(nor quality.zip\)"):
         Scrolls(cfg).validate()
 
@@ -93,8 +93,9 @@ def test_cutting_documents_on_load_changes_no_prompt(tmp_path, side):
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"id": "q", "pid": "q0", "input": f"Which word?\n\n{long_doc}", "output": "w1"}) + "\n" +
                     json.dumps({"id": "s", "pid": "s0", "input": "Short?\n\ntiny doc", "output": "tiny"}) + "\n")
-    cfg = resolve_run_config("scrolls", "rope", "tiny", sets=[f"task.truncation_side={side}", "task.max_input_tokens=300"],
-                             task_flags={"data": str(tmp_path), "datasets": "qasper"})
+    cfg = resolve_run_config("scrolls", "rope", "tiny", sets=[f"task.data={tmp_path}", "task.datasets=qasper",
+                                                              f"task.truncation_side={side}",
+                                                              "task.max_input_tokens=300"])
     task = Scrolls(cfg)
     task.gen_limits = {"qasper": 8}
     full = sd.load_split("qasper", "validation", tmp_path)
@@ -111,7 +112,8 @@ MEMORY = MEASURE + textwrap.dedent("""
 
     from posbench.tasks.scrolls.task import Scrolls
 
-    cfg = resolve_run_config("scrolls", "rope", "small", task_flags={"data": sys.argv[1], "datasets": "narrative_qa"})
+    cfg = resolve_run_config("scrolls", "rope", "small", sets=[f"task.data={sys.argv[1]}",
+                                                               "task.datasets=narrative_qa"])
     task = Scrolls(cfg)
     task.validate()
     t0 = time.perf_counter()

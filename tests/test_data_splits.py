@@ -57,7 +57,7 @@ def test_an_empty_split_is_one_line_before_training(tmp_path, layout, message):
 def test_the_task_checks_in_validate_before_any_run_directory(tmp_path, capsys):
     _jsonl(tmp_path / "d" / "train.jsonl", [f"document {i} " * 50 for i in range(40)])
     _jsonl(tmp_path / "d" / "validation.jsonl", [])
-    cfg = resolve_run_config("pretrain", "rope", "tiny", task_flags={"data": str(tmp_path / "d")})
+    cfg = resolve_run_config("pretrain", "rope", "tiny", sets=[f"task.data={tmp_path / 'd'}"])
     with pytest.raises(DataError, match="held-out split"):
         Pretrain(cfg).validate()
     # a missing text field too: found before training, not after it
@@ -69,6 +69,6 @@ def test_the_task_checks_in_validate_before_any_run_directory(tmp_path, capsys):
     assert "pass --set task.text_field=NAME" in err          # an option that exists (main named --text-field)
     assert not (tmp_path / "out").exists()
     # and what it names works
-    cfg = resolve_run_config("pretrain", "rope", "tiny", sets=["task.text_field=content"],
-                             task_flags={"data": str(tmp_path / "e")})
+    cfg = resolve_run_config("pretrain", "rope", "tiny", sets=[f"task.data={tmp_path / 'e'}",
+                                                               "task.text_field=content"])
     assert cfg.task_options["text_field"] == "content"

@@ -290,7 +290,7 @@ def test_resume_through_the_runner_is_exact_on_the_cached_path(tmp_path, monkeyp
     monkeypatch.setattr(chunks, "BLOCK_TOKENS", 64 * 20)
     corpus = _corpus(tmp_path, n_files=2, docs=40, mean_words=150)
     sets = ["steps=6", "checkpoint_every=2", "task.eval_tokens=2048"]
-    cfg = lambda: resolve_run_config("pretrain", "rope", "tiny", sets=sets, task_flags={"data": str(corpus)})
+    cfg = lambda: resolve_run_config("pretrain", "rope", "tiny", sets=[f"task.data={corpus}", *sets])  # noqa: E731
     whole = runner.execute(cfg(), tmp_path / "a").record.to_dict()
     assert whole["data"]["train"]["cache"] and whole["data"]["train"]["complete"]
 

@@ -141,8 +141,8 @@ def test_resume_after_a_kill_gives_the_uninterrupted_model(llama_dir, tmp_path):
     from posbench.runs.config import resolve_run_config
     from posbench.train import StopTraining
 
-    cfg = resolve_run_config("extend", "tape", "tiny", init=str(llama_dir), task_flags={"data": "stdlib"},
-                             sets=["task.length=128", "train.steps=3", "train.checkpoint_every=1"])
+    cfg = resolve_run_config("extend", "tape", "tiny", init=str(llama_dir),
+                             sets=["task.data=stdlib", "task.length=128", "train.steps=3", "train.checkpoint_every=1"])
     whole = runner.execute(cfg, tmp_path / "a").run_dir
 
     def kill(step, model, loss):

@@ -15,8 +15,9 @@ FIXTURES = Path(__file__).parent / "fixtures" / "scrolls"
 
 
 def _task(*sets, steps=None, datasets="qasper"):
-    cfg = resolve_run_config("scrolls", "rope", "tiny", steps=steps, sets=list(sets),
-                             task_flags={"data": str(FIXTURES), "datasets": datasets})
+    first = [f"train.steps={steps}"] if steps is not None else []
+    cfg = resolve_run_config("scrolls", "rope", "tiny", sets=[*first, f"task.data={FIXTURES}",
+                                                              f"task.datasets={datasets}", *sets])
     task = Scrolls(cfg)
     task.validate()
     return task
@@ -65,8 +66,9 @@ def test_generation_limits_steps_and_validation():
 def test_tiny_end_to_end_run(tmp_path):
     from posbench.runs import runner
 
-    cfg = resolve_run_config("scrolls", "alibi", "tiny", sets=["task.max_eval_examples=3"],
-                             task_flags={"data": str(FIXTURES), "datasets": "gov_report,qasper,contract_nli"})
+    cfg = resolve_run_config("scrolls", "alibi", "tiny", sets=[f"task.data={FIXTURES}",
+                                                               "task.datasets=gov_report,qasper,contract_nli",
+                                                               "task.max_eval_examples=3"])
     outcome = runner.execute(cfg, tmp_path)
     r = outcome.record.to_dict()
     assert list(r["metrics"]) == ["qasper_f1", "contract_nli_em", "gov_report_rgm", "scrolls_score"]
@@ -96,8 +98,9 @@ def test_a_killed_run_resumes_its_fine_tuning_and_skips_finished_data_sets(tmp_p
     from posbench.runs import runner
     from posbench.train import StopTraining
 
-    cfg = resolve_run_config("scrolls", "rope", "tiny", sets=["task.max_eval_examples=2", "train.checkpoint_every=1"],
-                             task_flags={"data": str(FIXTURES), "datasets": "qasper,contract_nli"})
+    cfg = resolve_run_config("scrolls", "rope", "tiny", sets=[f"task.data={FIXTURES}",
+                                                              "task.datasets=qasper,contract_nli",
+                                                              "task.max_eval_examples=2", "train.checkpoint_every=1"])
     whole = runner.execute(cfg, tmp_path / "a")
     calls = []
 

@@ -50,7 +50,8 @@ def configure(task: str, encoding: str, preset: str | None, sets: tuple[str, ...
     from posbench.runs.config import resolve_run_config
 
     extra = [f"task.{key}={as_text(value)}" for key, value in options.items()]
-    return resolve_run_config(task, encoding, preset, steps=steps, sets=[*sets, "train.threads=1", *extra])
+    first = [f"train.steps={steps}"] if steps is not None else []
+    return resolve_run_config(task, encoding, preset, sets=[*first, *sets, "train.threads=1", *extra])
 
 
 def as_text(value: Any) -> str:

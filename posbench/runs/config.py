@@ -156,12 +156,13 @@ def limits_of(options: dict[str, opts.Option]) -> dict[str, opts.Limit]:
     return {k: o.limit for k, o in options.items() if o.limit is not None}
 
 
-def resolve_run_config(task: str, encoding: str | None, preset: str | None = None, *, steps: int | None = None,
+def resolve_run_config(task: str, encoding: str | None, preset: str | None = None, *,
                        seed: int | None = None, device: str | None = None, init: str | None = None,
-                       sets: list[str] | tuple[str, ...] = (), task_flags: dict[str, Any] | None = None,
-                       logs: list[str] | tuple[str, ...] = (), init_flag: str = "--init") -> RunConfig:
-    """Defaults -> the task's preset -> the ``--init`` model -> flags -> ``--set`` -> the task's adjustments;
-    everything coerced and range-checked."""
+                       sets: list[str] | tuple[str, ...] = (), logs: list[str] | tuple[str, ...] = (),
+                       init_flag: str = "--init") -> RunConfig:
+    """The one precedence: the declared defaults -> the task's preset -> the ``--init`` model -> ``sets`` in their
+    order (a study's, then the command line's flags and ``--set``: the flags are made into ``--set`` entries by
+    ``posbench.cli.setting_flags``) -> the task's adjustments; everything coerced and range-checked."""
     from posbench.tasks import TASKS
 
     if seed is not None and not 0 <= int(seed) <= MAX_SEED:
@@ -188,14 +189,6 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
         sections["train"]["steps"] = 0
     if source is not None:
         models.take_init(sections, source, task_cls.OPTIONS)
-    if steps is not None:
-        apply_overrides(sections, {"train.steps": steps}, origin="--steps")
-    for flag, value in (task_flags or {}).items():
-        if value is None:
-            continue
-        if flag not in sections["task"]:
-            raise ConfigError(f"task '{task}' takes no --{flag} option")
-        apply_overrides(sections, {f"task.{flag}": value}, origin=f"--{flag}")
     assignments = dict(parse_assignment(item) for item in sets)
     apply_overrides(sections, assignments, limits=limits)
     task_cls.adjust(sections, source)
