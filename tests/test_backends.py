@@ -276,7 +276,11 @@ def test_auto_in_a_training_model_runs_and_matches_eager(encoding):
 
 
 def test_flex_kernel_options_from_the_environment(monkeypatch):
-    assert attention.flex_kernel_options() == attention.FLEX_KERNEL_OPTIONS
+    assert attention.flex_kernel_options(torch.bfloat16, 64) == attention.FLEX_KERNEL_OPTIONS
+    assert attention.flex_kernel_options(torch.float16, 128) == attention.FLEX_KERNEL_OPTIONS
+    backward_only = {k: v for k, v in attention.FLEX_KERNEL_OPTIONS.items() if k.startswith("bwd_")}
+    assert attention.flex_kernel_options(torch.float32, 64) == backward_only      # Inductor's forward tile stands
+    assert attention.flex_kernel_options(torch.bfloat16, 256) == backward_only    # (the measured tile is for <= 128)
     monkeypatch.setenv("POSBENCH_FLEX_OPTIONS", '{"bwd_BLOCK_M1": 16, "num_stages": 1}')
     assert attention.flex_kernel_options() == {"bwd_BLOCK_M1": 16, "num_stages": 1}
     monkeypatch.setenv("POSBENCH_FLEX_OPTIONS", "not json")
@@ -325,4 +329,10 @@ def test_attend_tells_auto_the_size_of_a_materialised_bias_per_layer(monkeypatch
     monkeypatch.setattr(attention, "resolve_backend", spy)
     q, k, v = qkv(nq=5, nk=9, batch=4, heads=3)
     attend(q, k, v, torch.zeros(1, 3, 5, 9), "auto")
-    assert seen == [3 * 5 * 9]
+    attend(q, k, v, torch.zeros(4, 3, 5, 9), "auto")                  # a bias of its own per row
+    slopes = torch.tensor([0.1, 0.2, 0.3])
+    score = ScoreBias(lambda h, i, j, s: -s[h] * (i - j).abs(), (slopes,), relative=True)
+    shared, per_row = torch.arange(9)[None], torch.arange(9).repeat(4, 1)
+    attend(q, k, v, score, "auto", q_pos=shared[:, 4:], k_pos=shared)   # the model's own positions: one row
+    attend(q, k, v, score, "auto", q_pos=per_row[:, 4:], k_pos=per_row)  # positions per row: materialised per row
+    assert seen == [3 * 5 * 9, 4 * 3 * 5 * 9, 3 * 5 * 9, 4 * 3 * 5 * 9]

@@ -16,9 +16,6 @@ from posbench.train.config import TrainConfig
 #: the command-line options that share a name with a declared setting, each a different thing or the same
 #: declaration: nothing else in posbench/cli may (a test below lists them all)
 SHARED_NAMES = {
-    ("run", "--encoding"): "the encodings to run in turn (several); model.encoding is the one each run records",
-    ("check", "--encoding"): "which encoding's parameters to check, as run's",
-    ("bench", "--encoding"): "the encodings to time: task.encodings, as a shortcut",
     ("score", "--data"): "the directory of a data set to score against, not a run's data source",
 }
 
@@ -66,7 +63,7 @@ def test_a_task_without_steps_sends_steps_to_train():
     (["--stepz", "3"], "bench: unknown option --stepz; did you mean --steps?"),
     (["--warmup"], "bench: --warmup needs a value (task.warmup: untimed steps first)"),
     (["--warmup", "--steps", "2"], "bench: --warmup needs a value"),
-    (["--no-steps"], "bench: --no-steps needs a value"),
+    (["--no-steps"], "bench: unknown option --no-steps"),                   # steps is no true / false setting
     (["3"], "bench: unexpected argument '3'"),
 ])
 def test_bad_flags_are_one_line(args, message):
@@ -105,6 +102,20 @@ def test_a_task_says_nothing_of_how_its_model_is_chosen_or_built():
 
     assert TASKS["perplexity"].model_source is FRESH and TASKS["bench"].model_source is OWN
     assert type(TASKS["extend"].model_source).__name__ == "ExtendedLlama"
+
+
+def test_a_task_written_for_the_old_hooks_is_refused_not_ignored():
+    from posbench.tasks import Task
+
+    with pytest.raises(TypeError, match="task 'test-old-hooks' defines needs_model, build_model: where the model "
+                                        "comes from is now the task's model_source"):
+        class OldTask(Task):
+            name = "test-old-hooks"
+            needs_model = False
+
+            def build_model(self, device):
+                return None, None
+    assert "test-old-hooks" not in TASKS
 
 
 def test_a_task_with_its_own_model_source_is_run_by_the_one_runner(tmp_path):
@@ -194,3 +205,44 @@ def test_the_sweep_refuses_slurm_flags_for_a_local_run_and_misspellings(tmp_path
     assert "did you mean --partition?" in capsys.readouterr().err
     assert main(["sweep", str(study), "--dry-run", "--executor", "slurm", "--mem", "8G", "--time", "30"]) == 0
     assert "30 min per cell" in capsys.readouterr().out
+
+
+# ---- the command line around the flags (review of issue 37's first version) ---------------------------------
+
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "-t", "arithmetic", "-e", "rope", "-p", "tiny", "--lr", "-1e-3"], "train.lr=-0.001 is out of range"),
+    (["run", "-t", "arithmetic", "-e", "rope", "--dry-rn"], "did you mean --dry-run?"),
+    (["run", "-t", "arithmetic", "-e", "rope", "--no-checkpointing=true"], "--no-checkpointing takes no value"),
+    (["run", "-t", "arithmetic", "-e", "rope", "--vocab-size", "300"], "run: unknown option --vocab-size"),
+    (["bench", "--set", "batch=1,2,3", "--lengths", "1,2"], "bench: 3 batch sizes for 2 lengths"),
+    (["extend", "--model", "x", "--method", "tape", "--set", "length=128"], "extend needs --data"),
+])
+def test_flags_at_the_command_line_are_one_line_errors(argv, expected, capsys):
+    from posbench.cli.app import main
+
+    assert main([*argv, "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_a_negative_value_and_a_set_after_the_flags(capsys):
+    """``-1e-3`` is a value, not short options (``-e``); ``--set`` wins over a flag, whichever comes first."""
+    import json
+
+    from posbench.cli.app import main
+
+    assert main(["run", "-t", "arithmetic", "-e", "rope", "-p", "tiny", "--set", "train.steps=5", "--steps", "10",
+                 "--warmup-steps", "-0", "--dry-run"]) == 0
+    config = json.loads(capsys.readouterr().out)[0]
+    assert config["train"]["steps"] == 5 and config["train"]["warmup_steps"] == 0
+
+
+def test_the_sweep_takes_its_flags_before_or_after_the_study_file(tmp_path, capsys):
+    from posbench.cli.app import main
+
+    study = tmp_path / "s.toml"
+    study.write_text('encodings = ["rope"]\ntasks = ["arithmetic"]\npresets = ["tiny"]\n')
+    for argv in (["--executor", "slurm", "--partition", "gpu", str(study)], [str(study), "--partition=gpu",
+                                                                           "--executor", "slurm"]):
+        assert main(["sweep", *argv, "--dry-run"]) == 0
+        assert "slurm: partition gpu" in capsys.readouterr().out

@@ -41,12 +41,12 @@ def bench(
 
     Every setting of the bench task, of train and of model is a flag (below): --steps 5, --lengths 1024,8192,
     --mode decode, --compile, --attention flex, --threads 2."""
-    from posbench.cli.setting_flags import sets_from_flags
+    from posbench.cli.setting_flags import own_options, sets_from_flags
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
 
     with user_errors():
-        given = sets_from_flags(list(ctx.args), "bench", "bench")
+        given = sets_from_flags(list(ctx.args), "bench", "bench", own_options(ctx))
         _lengths_match_batches([*given, *sets])
         if encoding:
             given.insert(0, f"task.encodings={','.join(split_names(encoding))}")
@@ -66,8 +66,8 @@ def _lengths_match_batches(sets: list[str]) -> None:
     from posbench.errors import ConfigError
     from posbench.runs.config import parse_assignment
 
-    given = dict(parse_assignment(item) for item in sets)
-    lengths, batch = given.get("task.lengths"), given.get("task.batch")
+    given = {key.removeprefix("task."): value for key, value in map(parse_assignment, sets)}   # batch, task.batch
+    lengths, batch = given.get("lengths"), given.get("batch")
     if lengths is not None and batch is not None:
         count = [len(split_names(str(v))) for v in (lengths, batch)]
         if count[1] not in (1, count[0]):

@@ -52,7 +52,7 @@ def extend(
 
     Every setting of the extend task, of train and of model is a flag (below): --length 8192 and --data SOURCE (both needed),
     --scale 2, --steps 100, --lr 2e-5."""
-    from posbench.cli.setting_flags import sets_from_flags
+    from posbench.cli.setting_flags import own_options, sets_from_flags
     from posbench.errors import ConfigError
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
@@ -65,11 +65,12 @@ def extend(
             if outcome is None:
                 return
         else:
-            settings = [*sets_from_flags(list(ctx.args), "extend", "extend"), *sets]
-            given = {item.partition("=")[0] for item in settings}
+            flags = ["--length" if word == "-l" else word for word in ctx.args]       # -l: --length, as before
+            settings = [*sets_from_flags(flags, "extend", "extend", own_options(ctx)), *sets]
+            given = {item.partition("=")[0].strip().removeprefix("task.") for item in settings}   # data, task.data
             missing = [flag for flag, value in (("--model", model), ("--method", method),
-                                                ("--length", "task.length" in given or None),
-                                                ("--data", "task.data" in given or None)) if value is None]
+                                                ("--length", "length" in given or None),
+                                                ("--data", "data" in given or None)) if value is None]
             if missing:
                 raise ConfigError(f"extend needs {', '.join(missing)} (see 'posbench extend --help')")
             config = resolve_run_config("extend", method, preset, seed=seed, device=device, init=model,

@@ -73,7 +73,32 @@ def extend_presets_help() -> str:
     return f"Preset: {listing(names)}; 'posbench ls presets' gives each one's steps and time."
 
 
-class SettingsHelp(RegistryHelp):
+class SettingFlags(RegistryHelp):
+    """A command that reads settings as flags (``posbench.cli.setting_flags``) from click's extra arguments.
+    Before click parses, ``--name VALUE`` of a name the command does not declare becomes ``--name=VALUE``: click
+    then leaves it whole (a value such as ``-1e-3`` is not read as short options, and a positional argument after
+    it, the sweep's study file, stays positional)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        import re
+
+        own = {name for param in self.params for name in (*getattr(param, "opts", []),
+                                                          *getattr(param, "secondary_opts", []))}
+        joined, i = [], 0
+        while i < len(args):
+            word = args[i]
+            value = args[i + 1] if i + 1 < len(args) else None
+            if word.startswith("--") and "=" not in word and word not in own and word != "--" and value is not None \
+                    and (not value.startswith("-") or re.fullmatch(r"-\.?\d.*", value)):
+                joined.append(f"{word}={value}")
+                i += 2
+                continue
+            joined.append(word)
+            i += 1
+        return super().parse_args(ctx, joined)
+
+
+class SettingsHelp(SettingFlags):
     """A command whose settings are flags made from their declarations (``posbench.cli.setting_flags``): the list
     is appended to the epilog when the help is shown. ``task``: the task whose options they are."""
 
@@ -100,14 +125,14 @@ class SweepHelp(SettingsHelp):
         if not getattr(self, "_listed", False):
             self.epilog = (self.epilog or "") + "\n" + escape(flags_help("", known=slurm_declarations()))
             self._listed = True
-        return super(SettingsHelp, self).format_help(ctx, formatter)
+        return RegistryHelp.format_help(self, ctx, formatter)
 
 
 class BenchHelp(SettingsHelp):
     task = "bench"
 
 
-class RunHelp(RegistryHelp):
+class RunHelp(SettingFlags):
     fills = {"encoding": encodings_help, "task": tasks_help, "preset": presets_help}
 
 

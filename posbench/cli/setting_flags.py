@@ -3,8 +3,9 @@
 then model's). Nothing is declared here: the flags are made, when the command line is read, from the one
 declaration of each option (``posbench.options``: a task's ``OPTIONS``, ``TrainConfig``'s and ``ModelConfig``'s
 fields), so their names, types, defaults, ranges and help cannot drift from what ``--set``, presets and
-``posbench ls`` use. A flag becomes a ``--set`` entry, so the one precedence holds: preset < study < flags and
-``--set``, in the order given.
+``posbench ls`` use. A flag becomes a ``--set`` entry, put before the command line's own ``--set`` entries, so the
+one precedence is: declared default < preset < --init model < study < flags < ``--set`` (of a flag given twice, the
+last).
 
 Spellings: ``--name value``, ``--name=value``, underscores or dashes (``--new-tokens``); a true / false option
 also as ``--name`` alone (true) and ``--no-name`` (false). Lists are comma-separated (``--lengths 1024,8192``).
@@ -13,6 +14,7 @@ also as ``--name`` alone (true) and ``--no-name`` (false). Lists are comma-separ
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from typing import Any
 
 from posbench.errors import ConfigError
@@ -24,31 +26,37 @@ SECTIONS = ("task", "train", "model")
 
 def declarations(task_name: str) -> dict[str, tuple[str, Any]]:
     """Flag name (dashes) -> (section, its ``Option``), for a run of task ``task_name``."""
-    from posbench.model import ModelConfig
     from posbench.options import declared
     from posbench.tasks import TASKS
     from posbench.train.config import TrainConfig
 
-    owners = {"task": TASKS.get(task_name), "train": TrainConfig, "model": ModelConfig}
+    from posbench.runs.config import model_options
+
+    owners = {"task": declared(TASKS.get(task_name)), "train": declared(TrainConfig), "model": model_options()}
     found: dict[str, tuple[str, Any]] = {}
     for section in SECTIONS:
-        for key, option in declared(owners[section]).items():
+        for key, option in owners[section].items():
             if not getattr(option, "from_task", False):
                 found.setdefault(key.replace("_", "-"), (section, option))
     return found
 
 
-def sets_from_flags(args: list[str], task_name: str, command: str) -> list[str]:
+def sets_from_flags(args: list[str], task_name: str, command: str, own: Iterable[str] = ()) -> list[str]:
     """The ``--set`` entries (``section.key=value``) that the flags ``args`` name; one ``ConfigError`` line for
-    an unknown flag (with the nearest names) or a stray word."""
+    an unknown flag (with the nearest names, the command's ``own`` options among them) or a stray word."""
     where = (f"the {task_name} task's settings, and train's and model's, are flags: 'posbench ls tasks {task_name}' "
              f"lists the task's")
     return [f"{section}.{key}={value}" for section, key, value in
-            parse_flags(args, declarations(task_name), command, where)]
+            parse_flags(args, declarations(task_name), command, where, own)]
 
 
-def parse_flags(args: list[str], known: dict[str, tuple[str, Any]], command: str,
-                where: str) -> list[tuple[str, str, str]]:
+def own_options(ctx: Any) -> list[str]:
+    """The long options a command declares itself (for the nearest-name hint of a misspelled one)."""
+    return [name for param in ctx.command.params for name in getattr(param, "opts", []) if name.startswith("--")]
+
+
+def parse_flags(args: list[str], known: dict[str, tuple[str, Any]], command: str, where: str,
+                own: Iterable[str] = ()) -> list[tuple[str, str, str]]:
     """``(section, key, value)`` for each flag of ``args``, ``known`` mapping flag names (dashes) to their section
     and declaration; ``where`` says, in an unknown flag's error, where the valid ones are listed."""
     found, i = [], 0
@@ -58,14 +66,18 @@ def parse_flags(args: list[str], known: dict[str, tuple[str, Any]], command: str
             raise ConfigError(f"{command}: unexpected argument {word!r} (settings are flags: --name value)")
         name, eq, value = word[2:].partition("=")
         name = name.replace("_", "-")
-        negated = name.startswith("no-") and name not in known and name[3:] in known
+        boolean_of = lambda found: isinstance(found[1].default, bool) or isinstance(found[1].limit, Switch)  # noqa: E731
+        negated = name.startswith("no-") and name not in known and name[3:] in known and boolean_of(known[name[3:]])
         key = name[3:] if negated else name
         if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=3)
+            names = [*known, *(o[2:] for o in own)]
+            close = difflib.get_close_matches(key, names, n=3)
             hint = f"; did you mean {', '.join('--' + c for c in close)}?" if close else ""
             raise ConfigError(f"{command}: unknown option --{name}{hint} ({where})")
+        if negated and eq:
+            raise ConfigError(f"{command}: --{name} takes no value (--{key} VALUE sets one)")
         section, option = known[key]
-        boolean = isinstance(option.default, bool) or isinstance(option.limit, Switch)     # Switch: or auto
+        boolean = boolean_of(known[key])                                       # a Switch: or auto
         needs_value = ConfigError(f"{command}: --{name} needs a value ({section}.{key.replace('-', '_')}: "
                                   f"{option.help})")
         if negated or (boolean and not eq and (i + 1 == len(args) or args[i + 1].startswith("--"))):
@@ -90,6 +102,7 @@ def flags_help(task_name: str, taken: set[str] = frozenset(), known: dict[str, t
         if f"--{name}" in taken:
             continue
         default = ",".join(map(str, option.default)) if isinstance(option.default, list) else option.default
+        default = "none" if default in ("", None) else default
         lines.append(f"  --{name}  {option.help} ({section}.{name.replace('-', '_')}, default {default})")
     return "\n\n".join(lines)
 

@@ -45,7 +45,7 @@ def sweep(
     """Run a study: every cell (task x encoding x preset x variant x seed) is one 'posbench run' with its own
     process, on this machine (--jobs N) or as a SLURM job; a rerun skips finished cells, resumes killed ones, and
     reruns failed ones with --retry-failed. Ends with a table of every cell and the 'posbench compare' command."""
-    from posbench.cli.setting_flags import parse_flags, slurm_declarations
+    from posbench.cli.setting_flags import own_options, parse_flags, slurm_declarations
     from posbench.sweep.display import expected_total, plan_table
     from posbench.sweep.plan import expand, validate
     from posbench.sweep.study import StudyError, read_study
@@ -55,8 +55,9 @@ def sweep(
             raise StudyError(f"--executor {executor!r}: choose local or slurm")
         if jobs is not None and jobs < 1:
             raise StudyError(f"--jobs must be >= 1, got {jobs}")
-        given = {key: value for _, key, value in parse_flags(list(ctx.args), slurm_declarations(), "sweep",
-                                                              "'posbench sweep --help' lists them")}
+        study_file, flags = study_and_flags(study_file, list(ctx.args))
+        given = {key: value for _, key, value in parse_flags(flags, slurm_declarations(), "sweep",
+                                                              "'posbench sweep --help' lists them", own_options(ctx))}
         study = read_study(study_file)
         cells = expand(study)
         validate(cells)
@@ -71,6 +72,19 @@ def sweep(
         code = run_study(study, cells, root, runner, retry_failed=retry_failed, quiet=quiet)
     if code:
         raise typer.Exit(code)
+
+
+def study_and_flags(first: Path, rest: list[str]) -> tuple[Path, list[str]]:
+    """The study file and the settings flags: click gives the first of its leftover words to STUDY.toml, which is a
+    flag (``--partition=gpu``, joined to its value before parsing) when flags come before the file."""
+    words = [str(first), *rest]
+    files = [w for w in words if not w.startswith("-")]
+    if not files:
+        from posbench.sweep.study import StudyError
+
+        raise StudyError("sweep needs STUDY.toml")
+    words.remove(files[0])
+    return Path(files[0]), words
 
 
 def wide_out():

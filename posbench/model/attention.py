@@ -252,10 +252,23 @@ def pad_positions(pos: Tensor, length: int) -> Tensor:
     return pos if missing == 0 else torch.cat((pos, pos[:, -1:].expand(-1, missing)), dim=-1)
 
 
-def flex_kernel_options() -> dict:
+def bias_rows(bias: Bias, q_pos: Tensor | None, k_pos: Tensor | None) -> int:
+    """The batch rows of ``bias`` once materialised for SDPA: a tensor's own; a ``ScoreBias`` has one per row of
+    positions (1 for the model's own, shared positions)."""
+    if isinstance(bias, Tensor):
+        return bias.shape[0]
+    if isinstance(bias, ScoreBias) and q_pos is not None and k_pos is not None:
+        return max(q_pos.shape[0], k_pos.shape[0])
+    return 1
+
+
+def flex_kernel_options(dtype: torch.dtype | None = None, head_dim: int = 64) -> dict:
+    """``POSBENCH_FLEX_OPTIONS`` when set; else ``FLEX_KERNEL_OPTIONS``, whose forward tile is for what was measured
+    (float16 / bfloat16, head size up to 128): elsewhere Inductor's own forward tile stands."""
     text = os.environ.get("POSBENCH_FLEX_OPTIONS")
     if not text:
-        return dict(FLEX_KERNEL_OPTIONS)
+        measured = dtype in HALF_DTYPES and head_dim <= 128
+        return {k: v for k, v in FLEX_KERNEL_OPTIONS.items() if measured or not k.startswith("fwd_")}
     try:
         options = json.loads(text)
     except ValueError:
@@ -298,7 +311,7 @@ def flex_attention_backend(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=No
         score_mod = tensor_score_mod(pad_rows(pad_rows(bias, pk, -1), pq, -2))
     else:
         score_mod = None
-    options = flex_kernel_options() if q.is_cuda else None
+    options = flex_kernel_options(q.dtype, q.shape[-1]) if q.is_cuda else None
     fn = flex_function(q.is_cuda)
     out = fn(pad_rows(q, pq), pad_rows(k, pk), pad_rows(v, pk), score_mod=score_mod, block_mask=block_mask,
              kernel_options=options)
@@ -398,7 +411,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Bias = None, backend_name: str
         (isinstance(bias, ScoreBias) and any(t.requires_grad for t in bias.tensors)))
     name = resolve_backend(backend_name, bias is not None, q.device, needs_grad, q.shape[-1], v.shape[-1],
                            q.shape[-2], contextual, key_mask is not None, q.dtype,
-                           q.shape[1] * q.shape[-2] * k.shape[-2])
+                           bias_rows(bias, q_pos, k_pos) * q.shape[1] * q.shape[-2] * k.shape[-2])
     if name == "flex":
         return flex_attention_backend(q, k, v, bias, q_pos, k_pos, aligned, key_mask)
     return BACKENDS[name](q, k, v, bias, q_pos, k_pos, key_mask=key_mask)

@@ -79,6 +79,8 @@ from posbench.train.config import TrainConfig
 TASKS: Registry = Registry("task", entry_point_group="posbench.tasks")
 PRESET_NAMES = ("tiny", "small", "gpu", "paper")
 PRESET_SECTIONS = ("model", "train", "task", "encoding", "expected")
+#: members of the Task before model_source took them over (a subclass that still defines one is refused)
+MOVED_TO_MODEL_SOURCE = ("needs_model", "build_model", "choose_encoding", "take_init", "encodings")
 
 
 @dataclass
@@ -120,6 +122,11 @@ class Task(Configurable):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        moved = [name for name in MOVED_TO_MODEL_SOURCE if name in cls.__dict__]
+        if moved:                      # a task written for the Task before model_source: never ignore it in silence
+            raise TypeError(f"task '{cls.__dict__.get('name', cls.__qualname__)}' defines {', '.join(moved)}: where "
+                            f"the model comes from is now the task's model_source (posbench.tasks.model_source: "
+                            f"OWN for a task that builds its own models, or a ModelSource subclass)")
         TASKS.add_subclass(cls)
 
     def __init__(self, config):
