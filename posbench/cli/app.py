@@ -51,18 +51,14 @@ def command(name: str, fn, epilog: str, **kwargs) -> None:
     app.command(name, epilog=epilog, short_help=summary(fn), **kwargs)(fn)
 
 
-command("run", run.run, run.RUN_EPILOG, cls=RunHelp,
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+command("run", run.run, run.RUN_EPILOG, cls=RunHelp)
 command("ls", ls.ls, ls.LS_EPILOG)
-command("extend", extend.extend, extend.EXTEND_EPILOG, cls=ExtendHelp,
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+command("extend", extend.extend, extend.EXTEND_EPILOG, cls=ExtendHelp)
 command("compare", compare.compare, compare.COMPARE_EPILOG)
 command("score", score.score, score.SCORE_EPILOG)
-command("bench", bench.bench, bench.BENCH_EPILOG, cls=BenchHelp,
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+command("bench", bench.bench, bench.BENCH_EPILOG, cls=BenchHelp)
 command("export", export.export, export.EXPORT_EPILOG)
-command("sweep", sweep.sweep, sweep.SWEEP_EPILOG, cls=SweepHelp,
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+command("sweep", sweep.sweep, sweep.SWEEP_EPILOG, cls=SweepHelp)
 command("check", check.check, check.CHECK_EPILOG)
 
 

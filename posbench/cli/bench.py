@@ -20,8 +20,8 @@ BENCH_EPILOG = """[bold]Examples[/bold]
 
   posbench bench --mode decode --size paper --lengths 1024 --batch 1
 
-[bold]Settings[/bold]: each is a flag, and --set SECTION.KEY=VALUE. The defaults are the declarations'; a preset (--size) sets its own ('posbench ls presets bench').
-"""
+""" + ("[bold]Settings[/bold]: each is a flag, and --set SECTION.KEY=VALUE. The defaults are the declarations'; a "
+       "preset (--size) sets its own ('posbench ls presets bench').\n")
 
 
 def bench(
@@ -46,7 +46,7 @@ def bench(
     from posbench.runs.config import resolve_run_config
 
     with user_errors():
-        given = sets_from_flags(list(ctx.args), "bench", "bench", own_options(ctx))
+        given = sets_from_flags(list(ctx.args), "bench", "bench", own_options(ctx.command))
         _lengths_match_batches([*given, *sets])
         if encoding:
             given.insert(0, f"task.encodings={','.join(split_names(encoding))}")

@@ -22,9 +22,8 @@ EXTEND_EPILOG = """[bold]Examples[/bold]
 
   posbench run -t perplexity --init results/extend/llama+tape/20250101-120000-ab12cd
 
-[bold]Settings[/bold]: each is a flag, and --set SECTION.KEY=VALUE. The defaults are the declarations'; a preset sets
-its own ('posbench ls presets extend').
-"""
+""" + ("[bold]Settings[/bold]: each is a flag, and --set SECTION.KEY=VALUE. The defaults are the declarations'; a "
+       "preset sets its own ('posbench ls presets extend').\n")
 
 
 def extend(
@@ -50,8 +49,8 @@ def extend(
     results/extend/<model>+<method>/<run-id>/.
     The same run as 'posbench run -t extend --init MODEL --encoding METHOD --length L --data SOURCE'.
 
-    Every setting of the extend task, of train and of model is a flag (below): --length 8192 and --data SOURCE (both needed),
-    --scale 2, --steps 100, --lr 2e-5."""
+    Every setting of the extend task, of train and of model is a flag (below): --length 8192 and --data SOURCE
+    (both needed), --scale 2, --steps 100, --lr 2e-5."""
     from posbench.cli.setting_flags import own_options, sets_from_flags
     from posbench.errors import ConfigError
     from posbench.runs import runner
@@ -66,7 +65,7 @@ def extend(
                 return
         else:
             flags = ["--length" if word == "-l" else word for word in ctx.args]       # -l: --length, as before
-            settings = [*sets_from_flags(flags, "extend", "extend", own_options(ctx)), *sets]
+            settings = [*sets_from_flags(flags, "extend", "extend", own_options(ctx.command)), *sets]
             given = {item.partition("=")[0].strip().removeprefix("task.") for item in settings}   # data, task.data
             missing = [flag for flag, value in (("--model", model), ("--method", method),
                                                 ("--length", "length" in given or None),

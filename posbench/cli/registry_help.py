@@ -74,16 +74,21 @@ def extend_presets_help() -> str:
 
 
 class SettingFlags(RegistryHelp):
-    """A command that reads settings as flags (``posbench.cli.setting_flags``) from click's extra arguments.
-    Before click parses, ``--name VALUE`` of a name the command does not declare becomes ``--name=VALUE``: click
-    then leaves it whole (a value such as ``-1e-3`` is not read as short options, and a positional argument after
-    it, the sweep's study file, stays positional)."""
+    """A command that reads settings as flags (``posbench.cli.setting_flags``) from click's extra arguments, which
+    it lets through (unknown options and extra words). Before click parses, ``--name VALUE`` of a name the command
+    does not declare becomes ``--name=VALUE``: click then leaves it whole (a value such as ``-1e-3`` is not read as
+    short options, and a positional argument after it, the sweep's study file, stays positional)."""
+
+    def __init__(self, *args: Any, context_settings: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        lets_through = {"allow_extra_args": True, "ignore_unknown_options": True}
+        super().__init__(*args, context_settings={**lets_through, **(context_settings or {})}, **kwargs)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         import re
 
-        own = {name for param in self.params for name in (*getattr(param, "opts", []),
-                                                          *getattr(param, "secondary_opts", []))}
+        from posbench.cli.setting_flags import own_options
+
+        own = own_options(self)
         joined, i = [], 0
         while i < len(args):
             word = args[i]
@@ -99,33 +104,30 @@ class SettingFlags(RegistryHelp):
 
 
 class SettingsHelp(SettingFlags):
-    """A command whose settings are flags made from their declarations (``posbench.cli.setting_flags``): the list
-    is appended to the epilog when the help is shown. ``task``: the task whose options they are."""
+    """A command whose settings are flags made from their declarations (``posbench.cli.setting_flags``): their list
+    (``listing``; by default those of a run of ``task``) is appended to the epilog when the help is shown."""
 
     task: ClassVar[str] = ""
+
+    def listing(self) -> str:
+        from posbench.cli.setting_flags import flags_help, own_options
+
+        return flags_help(self.task, own_options(self))
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         from rich.markup import escape
 
-        from posbench.cli.setting_flags import flags_help
-
         if not getattr(self, "_listed", False):
-            taken = {name for param in self.params for name in getattr(param, "opts", [])}
-            self.epilog = (self.epilog or "") + "\n" + escape(flags_help(self.task, taken))
+            self.epilog = (self.epilog or "") + "\n" + escape(self.listing())
             self._listed = True
         return super().format_help(ctx, formatter)
 
 
 class SweepHelp(SettingsHelp):
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        from rich.markup import escape
-
+    def listing(self) -> str:
         from posbench.cli.setting_flags import flags_help, slurm_declarations
 
-        if not getattr(self, "_listed", False):
-            self.epilog = (self.epilog or "") + "\n" + escape(flags_help("", known=slurm_declarations()))
-            self._listed = True
-        return RegistryHelp.format_help(self, ctx, formatter)
+        return flags_help("", known=slurm_declarations())
 
 
 class BenchHelp(SettingsHelp):

@@ -76,7 +76,7 @@ def run(
             raise ConfigError("--task is required ('posbench ls tasks' lists them)")
         from posbench.cli.setting_flags import own_options, sets_from_flags
 
-        sets = [*sets_from_flags(list(ctx.args), task, "run", own_options(ctx)), *sets]
+        sets = [*sets_from_flags(list(ctx.args), task, "run", own_options(ctx.command)), *sets]
         names = split_names(encoding) if encoding else [None]
         if encoding is not None and not names:
             raise ConfigError("--encoding is empty")

@@ -50,9 +50,10 @@ def sets_from_flags(args: list[str], task_name: str, command: str, own: Iterable
             parse_flags(args, declarations(task_name), command, where, own)]
 
 
-def own_options(ctx: Any) -> list[str]:
-    """The long options a command declares itself (for the nearest-name hint of a misspelled one)."""
-    return [name for param in ctx.command.params for name in getattr(param, "opts", []) if name.startswith("--")]
+def own_options(command: Any) -> set[str]:
+    """The options a click command declares itself (``--dry-run``, ``-q``, ``--no-compiled``): never settings flags."""
+    return {name for param in command.params for name in (*getattr(param, "opts", []),
+                                                          *getattr(param, "secondary_opts", []))}
 
 
 def parse_flags(args: list[str], known: dict[str, tuple[str, Any]], command: str, where: str,
@@ -66,18 +67,18 @@ def parse_flags(args: list[str], known: dict[str, tuple[str, Any]], command: str
             raise ConfigError(f"{command}: unexpected argument {word!r} (settings are flags: --name value)")
         name, eq, value = word[2:].partition("=")
         name = name.replace("_", "-")
-        boolean_of = lambda found: isinstance(found[1].default, bool) or isinstance(found[1].limit, Switch)  # noqa: E731
-        negated = name.startswith("no-") and name not in known and name[3:] in known and boolean_of(known[name[3:]])
+        negated = name.startswith("no-") and name not in known and name[3:] in known \
+            and true_or_false(known[name[3:]][1])
         key = name[3:] if negated else name
         if key not in known:
-            names = [*known, *(o[2:] for o in own)]
+            names = [*known, *(o[2:] for o in own if o.startswith("--"))]
             close = difflib.get_close_matches(key, names, n=3)
             hint = f"; did you mean {', '.join('--' + c for c in close)}?" if close else ""
             raise ConfigError(f"{command}: unknown option --{name}{hint} ({where})")
         if negated and eq:
             raise ConfigError(f"{command}: --{name} takes no value (--{key} VALUE sets one)")
         section, option = known[key]
-        boolean = boolean_of(known[key])                                       # a Switch: or auto
+        boolean = true_or_false(option)                                        # a Switch: or auto
         needs_value = ConfigError(f"{command}: --{name} needs a value ({section}.{key.replace('-', '_')}: "
                                   f"{option.help})")
         if negated or (boolean and not eq and (i + 1 == len(args) or args[i + 1].startswith("--"))):
@@ -92,6 +93,11 @@ def parse_flags(args: list[str], known: dict[str, tuple[str, Any]], command: str
             i += 1
         found.append((section, key.replace("-", "_"), value))
     return found
+
+
+def true_or_false(option: Any) -> bool:
+    """Whether the setting may be given as ``--name`` alone (true) or ``--no-name`` (false)."""
+    return isinstance(option.default, bool) or isinstance(option.limit, Switch)
 
 
 def flags_help(task_name: str, taken: set[str] = frozenset(), known: dict[str, tuple[str, Any]] | None = None) -> str:

@@ -56,8 +56,9 @@ def sweep(
         if jobs is not None and jobs < 1:
             raise StudyError(f"--jobs must be >= 1, got {jobs}")
         study_file, flags = study_and_flags(study_file, list(ctx.args))
-        given = {key: value for _, key, value in parse_flags(flags, slurm_declarations(), "sweep",
-                                                              "'posbench sweep --help' lists them", own_options(ctx))}
+        listed = "'posbench sweep --help' lists them"
+        given = {key: value for _, key, value in
+                 parse_flags(flags, slurm_declarations(), "sweep", listed, own_options(ctx.command))}
         study = read_study(study_file)
         cells = expand(study)
         validate(cells)

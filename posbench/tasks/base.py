@@ -35,10 +35,10 @@ fresh model or an ``--init`` one, the default; ``OWN`` for a task that builds it
 pretrained Llama with a method), and that layer chooses the encoding (or method) ``--encoding`` names, takes what
 an ``--init`` model sets and builds the model.
 
-Configuration hooks (class methods, called while the configuration is built): ``adjust`` (settings derived from others, e.g. passkey's ``train_length`` is the model's
-``max_seq_len``), ``encoding_context`` (encoding options only the task can give, e.g. the token ids of the
-digits, filled into every encoding that names them in its ``task_context``) and ``label_for`` (the run's name
-in tables and directories).
+Configuration hooks (class methods, called while the configuration is built): ``adjust`` (settings derived from
+others, e.g. passkey's ``train_length`` is the model's ``max_seq_len``), ``encoding_context`` (encoding options only
+the task can give, e.g. the token ids of the digits, filled into every encoding that names them in its
+``task_context``) and ``label_for`` (the run's name in tables and directories).
 
 Training data: ``train_stream()`` returns an object with ``next_batch(batch_size) -> posbench.data.batch.Batch``
 and a ``state_dict()`` / ``load_state_dict()`` pair (plain JSON) that captures the stream position, so

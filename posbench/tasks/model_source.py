@@ -50,9 +50,7 @@ class ModelSource:
     def take_init(self, sections: dict[str, dict[str, Any]], source: Any, task_options: dict[str, Any]) -> None:
         """What the ``--init`` model sets: its architecture, its encoding options, its tokenizer
         (``task_options``: the task's declarations, for the tokenizer's default)."""
-        for key in sections["model"]:
-            if key in source.model:
-                sections["model"][key] = source.model[key]
+        take_architecture(sections, source)
         recorded = source.model.get("encoding_options") or {}
         sections["encoding"].update({k: v for k, v in recorded.items() if k in sections["encoding"]})
         if "tokenizer" in sections["task"]:        # the init model's tokenizer; a preset's is for fresh runs
@@ -64,6 +62,13 @@ class ModelSource:
         from posbench.tasks.build_model import build_model
 
         return build_model(task)
+
+
+def take_architecture(sections: dict[str, dict[str, Any]], source: Any) -> None:
+    """The ``--init`` model's architecture over the ``model`` section (recorded with the run)."""
+    for key in sections["model"]:
+        if key in source.model:
+            sections["model"][key] = source.model[key]
 
 
 class OwnModels(ModelSource):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from posbench.errors import ConfigError
-from posbench.tasks.model_source import ModelSource
+from posbench.tasks.model_source import ModelSource, take_architecture
 
 
 class ExtendedLlama(ModelSource):
@@ -26,9 +26,7 @@ class ExtendedLlama(ModelSource):
         return encoding
 
     def take_init(self, sections: dict[str, dict[str, Any]], source: Any, task_options: dict[str, Any]) -> None:
-        for key in sections["model"]:                      # the architecture, recorded with the run
-            if key in source.model:
-                sections["model"][key] = source.model[key]
+        take_architecture(sections, source)            # the Llama's; its method's options are the run's own
 
     def build(self, task: Any, device: Any) -> tuple[Any, dict[str, Any]]:
         """The Llama with ``task.method`` at ``task.opts["length"]`` (the task keeps the method: its evaluation
