@@ -12,8 +12,9 @@ behind. Then, over ``PAGE/runs`` only:
                         then the same ``--against alibi`` (the papers of KERPLE, Sandwich, DAPE compare to ALiBi)
     PAGE/figures/       ``--plots``
     PAGE/report.html    ``--html``
-    PAGE/plateau.md     per cell, whether its training loss had stopped improving when training ended
-                        (``posbench.report.plateau``: the rule is stated there and on the page)
+    PAGE/plateau.md     per cell, whether its training loss (or, for a cell with a probe, its probed
+                        in-distribution metric) had stopped improving when training ended
+                        (``posbench.report.plateau``: the rules are stated there and on the page)
 
 A page (the third argument, by default ``PAGE.md`` beside PAGE, e.g. docs/studies/cpu/v1.md) may quote tables of tables.md between
 ``<!-- tables.md: BASELINE HEADING -->`` and ``<!-- /tables.md -->`` (HEADING: the line above the table in the
@@ -131,11 +132,16 @@ def refresh_quotes(page_text: str, tables_text: str) -> str:
 
 
 def plateaus(runs: Path) -> str:
-    """plateau.md: every cell's verdict (``posbench.report.plateau``), cells in name order."""
-    from posbench.report.plateau import plateau_table
+    """plateau.md: every cell's verdict (``posbench.report.plateau``), cells in name order: on its probe for a
+    cell that has one (the arithmetic task's in-distribution accuracy), else on its training loss."""
+    from posbench.report.plateau import plateau_table, probe_name, probe_plateau_table
 
     records = {p.parent.name: json.loads(p.read_text()) for p in sorted(runs.glob("*/result.json"))}
-    return plateau_table(records)
+    probed = {cell: r for cell, r in records.items() if probe_name(r) is not None}
+    unprobed = {cell: r for cell, r in records.items() if cell not in probed}
+    tables = ([plateau_table(unprobed)] if unprobed or not probed else []) + \
+        ([probe_plateau_table(probed)] if probed else [])
+    return "\n".join(tables)
 
 
 PLATEAU_QUOTE = re.compile(r"(<!-- plateau\.md -->\n)(.*?)(<!-- /plateau\.md -->)", re.S)

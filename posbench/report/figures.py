@@ -5,6 +5,8 @@
   (perplexity against length) as one curve per row, the mean over seeds with its 95% interval shaded (with
   one seed: the curve alone), the training length marked.
 * ``<task>_loss.png``: the training loss of every row on one plot (mean over seeds, 95% interval shaded).
+* ``<task>_probe_<name>.png``: likewise for a probe measured during training (``train.probe_every``; the
+  arithmetic task's in-distribution accuracy), for the rows whose runs have one.
 
 Every shaded interval is cut to the values the quantity can take (a loss never below zero, an accuracy in %
 within 0-100).
@@ -67,6 +69,10 @@ def table_figures(table: TaskTable) -> Iterator[tuple[str, Any]]:
     fig = loss_curves(table)
     if fig is not None:
         yield f"{_safe(table.task)}_loss", fig
+    for name in probe_names(table):
+        fig = probe_curves(table, name)
+        if fig is not None:
+            yield f"{_safe(table.task)}_probe_{_safe(name)}", fig
 
 
 def plot(report: Report, out_dir: Path | str, *, force: bool = False) -> list[Path]:
@@ -316,8 +322,7 @@ def curves(task: str, name: str, items) -> Any:
 
 # ---- training loss -----------------------------------------------------------------------------------------
 
-def _history(run: dict[str, Any]) -> dict[int, float]:
-    points = run.loss_history
+def _history(points: list[Any]) -> dict[int, float]:
     out = {}
     for point in points:
         if isinstance(point, (list, tuple)) and len(point) >= 2 and isinstance(point[1], (int, float)):
@@ -325,10 +330,34 @@ def _history(run: dict[str, Any]) -> dict[int, float]:
     return out
 
 
+def _probe_history(run: Any, name: str) -> dict[int, float]:
+    return _history([[step, values.get(name)] for step, values in run.probe_history if isinstance(values, dict)])
+
+
+def probe_names(table: TaskTable) -> list[str]:
+    names: list[str] = []
+    for run in table.runs:
+        for _, values in run.probe_history[:1]:
+            names += [n for n in values if n not in names]
+    return names
+
+
 def loss_curves(table: TaskTable) -> Any | None:
+    return history_curves(table, lambda run: _history(run.loss_history), "training loss (nats per target token)",
+                          (0.0, np.inf), f"{table.task}: training loss")       # a cross-entropy is never below 0
+
+
+def probe_curves(table: TaskTable, name: str) -> Any | None:
+    return history_curves(table, lambda run: _probe_history(run, name), f"{name} (%), probed during training",
+                          (0.0, 100.0), f"{table.task}: {name} during training (the probe, train.probe_every)")
+
+
+def history_curves(table: TaskTable, history, ylabel: str, bounds: tuple[float, float], title: str) -> Any | None:
+    """One curve per row of a quantity logged against the step (``history(run) -> {step: value}``): the mean
+    over the row's seeds at the steps they share, the 95% interval shaded, cut to ``bounds``."""
     series = []
     for row in table.rows:
-        histories = [h for h in (_history(run) for run in row.runs) if h]
+        histories = [h for h in (history(run) for run in row.runs) if h]
         if not histories:
             continue
         steps = sorted(set.intersection(*(set(h) for h in histories)))
@@ -338,16 +367,16 @@ def loss_curves(table: TaskTable) -> Any | None:
         return None
     fig, ax, shade = series_axes(len(series))
     for i, (row, steps, arrays) in enumerate(series):
-        mean, low, high = _band(arrays, (0.0, np.inf))          # a cross-entropy is never below zero
+        mean, low, high = _band(arrays, bounds)
         style = {k: v for k, v in series_style(i).items() if k != "marker"}
         (line,) = ax.plot(steps, mean, label=row.label + (f" ({len(arrays)} seeds)" if len(arrays) > 1 else ""),
                           **style)
         if low is not None:
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=shade, linewidth=0)
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss (nats per target token)")
+    ax.set_ylabel(ylabel)
     place_legend(ax, len(series))
-    ax.set_title(f"{table.task}: training loss", fontsize=10)
+    ax.set_title(wrapped(title, TITLE_WIDTH), fontsize=10)
     return fig
 
 

@@ -6,10 +6,10 @@ another one (``--init``), that run's own settings (so runs started from the thre
 form one row). Left out, because they change how fast a run goes but not what it computes (beyond
 floating-point rounding): ``seed`` (the dimension that is pooled), ``device`` (the precision that the device
 implied stays in), ``train.threads``, ``train.compile``, ``model.attention`` (every backend computes the same
-attention), ``task.eval_batch_size``, ``train.log_every``, ``train.checkpoint_every`` and ``task.cells_to``
-(where a bench also appended its cells); and ``preset``, whose content is in the resolved settings. Runs whose
-settings differ by anything else are never pooled: each set of settings gets its own row, labelled with what sets
-it apart.
+attention), ``task.eval_batch_size``, ``train.log_every``, ``train.checkpoint_every``, ``train.probe_every`` (a
+probe forks torch's random state) and ``task.cells_to`` (where a bench also appended its cells); and
+``preset``, whose content is in the resolved settings. Runs whose settings differ by anything else are never
+pooled: each set of settings gets its own row, labelled with what sets it apart.
 
 The version of the task that made a run (``task_version``, 1 for records written before versions existed) is
 a setting too, counted only when it is not 1 (so that the runs and fingerprints of version 1 stay as they
@@ -26,8 +26,8 @@ from typing import Any
 from posbench.errors import UserError
 from posbench.runs.record import RESULT_FILE, RunRecord, load_record
 
-IGNORED = ("train.threads", "train.compile", "train.log_every", "train.checkpoint_every", "model.attention",
-           "task.eval_batch_size", "task.cells_to")
+IGNORED = ("train.threads", "train.compile", "train.log_every", "train.checkpoint_every", "train.probe_every",
+           "model.attention", "task.eval_batch_size", "task.cells_to")
 SECTIONS = ("model", "encoding", "train", "task")
 #: settings added since schema 1, with their defaults
 ADDED = {"train.checkpointing": False}

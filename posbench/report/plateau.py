@@ -8,6 +8,13 @@ is copied). A run whose loss still fell faster than that was still learning when
 are means over hundreds of batches, so a single noisy batch does not decide it. The schedule's decay of the
 learning rate to its floor flattens every curve near the end; the rule says what the budget reached, not what a
 longer schedule would.
+
+A run with a **probe** (``train.probe_every``; the arithmetic task's in-distribution accuracy in %, measured
+during training) is judged on the probe instead, the metric its table reports: the mean of the last
+``PROBE_WINDOW`` (20%) of its probes against the 20% before them; it **stopped improving** when the gain is
+less than ``PROBE_GAIN`` (1 percentage point), or when the last window's mean is at least ``CEILING`` (99%, where
+no room is left to improve). Windows of 20% of 20 probes are 4 probes (4,000 examples at 1,000 per probe): the
+standard error of a window's mean is under 0.8 points, so a single lucky probe does not decide it.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 WINDOW, REL, ABS = 0.1, 0.01, 0.01
+PROBE_WINDOW, PROBE_GAIN, CEILING, MIN_PROBES = 0.2, 1.0, 99.0, 10
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,47 @@ def plateau(history: list[tuple[int, float]] | list[list[Any]]) -> Plateau | Non
         return Plateau(points[-1][0], mean_earlier, mean_last, False, diverged=True)
     return Plateau(points[-1][0], mean_earlier, mean_last,
                    mean_earlier - mean_last < max(REL * mean_earlier, ABS))
+
+
+def probe_plateau(history: list[list[Any]], name: str) -> Plateau | None:
+    """The probe rule of the module docstring over ``[(step, {name: value, ...}), ...]`` for the probe's
+    ``name``; ``earlier``/``last`` are the windows' means and ``drop`` (earlier - last) is minus the gain. None
+    for fewer than ``MIN_PROBES`` probes."""
+    points = [(int(step), float(values[name])) for step, values in history if name in values]
+    if len(points) < MIN_PROBES:
+        return None
+    width = max(2, int(round(PROBE_WINDOW * len(points))))
+    last = [v for _, v in points[-width:]]
+    earlier = [v for _, v in points[-2 * width:-width]]
+    mean_last, mean_earlier = sum(last) / len(last), sum(earlier) / len(earlier)
+    return Plateau(points[-1][0], mean_earlier, mean_last,
+                   mean_last - mean_earlier < PROBE_GAIN or mean_last >= CEILING)
+
+
+def probe_name(record: dict[str, Any]) -> str | None:
+    """The first value the run's probe recorded (``accuracy_id`` for arithmetic), or None without a probe."""
+    history = (record.get("training") or {}).get("probe_history") or []
+    return next(iter(history[0][1]), None) if history else None
+
+
+def probe_plateau_table(records: dict[str, dict[str, Any]]) -> str:
+    """A markdown table, one row per cell that has a probe: the two windows' means of the probe, the gain and
+    the verdict."""
+    lines = ["| cell | probe | steps | probes | earlier 20% | last 20% | gain | stopped improving |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for cell, record in records.items():
+        name = probe_name(record)
+        if name is None:
+            continue
+        history = record["training"]["probe_history"]
+        found = probe_plateau(history, name)
+        if found is None:
+            lines.append(f"| {cell} | {name} | - | {len(history)} | - | - | - | too few probes |")
+            continue
+        verdict = "yes" if found.stopped else "**no**"
+        lines.append(f"| {cell} | {name} | {found.steps} | {len(history)} | {found.earlier:.1f} | {found.last:.1f} | "
+                     f"{-found.drop:+.1f} | {verdict} |")
+    return "\n".join(lines) + "\n"
 
 
 def plateau_table(records: dict[str, dict[str, Any]]) -> str:

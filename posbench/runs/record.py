@@ -115,6 +115,11 @@ class RunRecord:
     def loss_history(self) -> list[list[float]]:
         return list(self.training.get("loss_history") or [])
 
+    @property
+    def probe_history(self) -> list[list[Any]]:
+        """``[[step, {name: value}], ...]`` of a run trained with a probe (``train.probe_every``)."""
+        return list(self.training.get("probe_history") or [])
+
     # ---- writing -------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -166,7 +166,7 @@ def run_phases(task: Any, model: Any, run_dir: Path, device: torch.device, repor
         trainer = Trainer(model, phase.stream(), phase.train, device=device, checkpoint_dir=checkpoint_dir,
                           resume=resume, loss_fn=phase.loss or task.loss, callbacks=callbacks, reporter=reporter,
                           seed=task.config.seed, description=f"{task.config.label} {phase.name}", loggers=loggers,
-                          phase=phase.name)
+                          phase=phase.name, probe=phase.probe)
         outcome: dict[str, Any] = {"training": trainer.run().to_dict()}
         if phase.evaluate is not None:
             model.eval()

@@ -90,7 +90,8 @@ class Phase:
     reporter) -> dict`` (JSON) runs right after it; that outcome is saved, so a resumed run skips the phase.
     ``from_start``: the phase starts from the weights the run began with (SCROLLS fine-tunes every data set
     anew). ``seed``: torch's generator is seeded with it when the phase starts (so a phase trains alike whether
-    the phases before it ran in this process or were skipped on resume)."""
+    the phases before it ran in this process or were skipped on resume). ``probe(model, device) -> {name:
+    value}``: a quick in-distribution metric, measured every ``train.probe_every`` steps of the phase."""
 
     name: str
     stream: Callable[[], Any]
@@ -99,6 +100,7 @@ class Phase:
     seed: int | None = None
     evaluate: Callable[..., dict[str, Any]] | None = None
     loss: Callable[..., Any] | None = None
+    probe: Callable[..., dict[str, float]] | None = None
 
 
 class Task(Configurable):
@@ -193,12 +195,17 @@ class Task(Configurable):
     def phases(self) -> list[Phase]:
         """Training, in phases; default: one phase on ``train_stream()`` (none when ``train.steps`` is 0)."""
         train = TrainConfig(**self.config.train)
-        return [Phase("train", self.train_stream, train, loss=self.loss)] if train.steps > 0 else []
+        return [Phase("train", self.train_stream, train, loss=self.loss, probe=self.probe)] if train.steps > 0 else []
 
     def loss(self, model: nn.Module, batch) -> tuple[Tensor, int]:
         from posbench.data.batch import masked_cross_entropy
 
         return masked_cross_entropy(model, batch)
+
+    probe: Callable[[nn.Module, torch.device], dict[str, float]] | None = None
+    """Optional: a method ``probe(model, device) -> {name: value}``, a quick measure of the in-distribution metric
+    (the arithmetic task: exact-match accuracy on operand lengths seen in training), run during training every
+    ``train.probe_every`` steps (recorded as ``training.probe_history``; ``posbench.report.plateau`` reads it)."""
 
     def evaluate(self, model: nn.Module, device: torch.device, reporter: Any, phases: dict[str, dict[str, Any]]):
         """Evaluate the trained model (in eval mode, under ``torch.no_grad``) -> ``Evaluation``; ``phases`` holds

@@ -14,6 +14,11 @@ or gradient norm is caught there and raises ``NonFiniteLossError`` (one line nam
 any checkpoint is written, so the last good checkpoint is never overwritten. With ``callbacks`` (which receive
 each step's loss) every step is a log step.
 
+A **probe** (``probe(model, device) -> {name: value}``, a task's quick in-distribution metric) runs every
+``probe_every`` steps and at the end, in eval mode under ``no_grad`` with torch's random state forked, so a run
+trains and evaluates bitwise alike with or without it; its values go to ``probe_history`` and the loggers, its
+time to ``probe_s`` (not ``train_s``).
+
 Checkpoints (``checkpoint_every`` steps and at the end; see ``posbench.train.checkpoint``) hold the full
 weights and optimizer state in safetensors and everything else in JSON. ``resume=True`` restores everything and
 continues; on CPU the final weights are bitwise equal to an uninterrupted run's.
@@ -33,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.data.batch import Batch, masked_cross_entropy
+from posbench.errors import ConfigError
 from posbench.reporters import NullReporter
 from posbench.train import distributed
 from posbench.train.checkpoint import (CheckpointError, checkpoint_path, load_train_state, load_weights, rng_state,
@@ -43,6 +49,7 @@ from posbench.train.optim import make_optimizer, make_scheduler
 from posbench.train.seeds import seed_rank
 
 StepCallback = Callable[[int, nn.Module, float], None]
+Probe = Callable[[nn.Module, torch.device], dict[str, float]]
 LossFn = Callable[[nn.Module, Batch], tuple[Tensor, int]]
 
 
@@ -61,7 +68,9 @@ class TrainResult:
     target_tokens: int = 0           # tokens that carried loss
     final_loss: float | None = None
     loss_history: list[list[float]] = field(default_factory=list)   # [[step, loss], ...]
+    probe_history: list[list[Any]] = field(default_factory=list)    # [[step, {name: value}], ...] (with a probe)
     train_s: float = 0.0             # wall time spent in steps (summed over resumes)
+    probe_s: float = 0.0             # wall time spent in probes
     resumed_from: list[int] = field(default_factory=list)
     device: str = "cpu"
     precision: str = "fp32"
@@ -70,7 +79,8 @@ class TrainResult:
     parallel: dict[str, Any] = field(default_factory=dict)   # world size, ddp/fsdp, per-rank batch plan
     seed: int | None = None
 
-    RESTORED = ("tokens", "target_tokens", "loss_history", "train_s", "resumed_from", "final_loss")
+    RESTORED = ("tokens", "target_tokens", "loss_history", "probe_history", "train_s", "probe_s", "resumed_from",
+                "final_loss")
 
     @property
     def tokens_per_s(self) -> float:
@@ -79,6 +89,8 @@ class TrainResult:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["tokens_per_s"] = self.tokens_per_s
+        if not self.probe_history:               # runs without a probe keep the record they always had
+            del data["probe_history"], data["probe_s"]
         return data
 
     @classmethod
@@ -106,14 +118,20 @@ class Trainer:
     without a checkpoint, as a kill would. The caller seeds (``seed_everything``) before building the model;
     ``seed`` is only recorded. ``loggers`` receive every log step's loss, learning rate, gradient norm and
     throughput (rank 0 only), under ``phase`` (the runner's phase name: a run of several phases logs each
-    against its own steps). Under torchrun every process builds a Trainer with the same arguments.
+    against its own steps). ``probe``: see the module docstring (rank 0 runs it; not with FSDP shards). Under
+    torchrun every process builds a Trainer with the same arguments.
     """
 
     def __init__(self, model: nn.Module, stream: Any, cfg: TrainConfig, *, device: torch.device | str = "cpu",
                  checkpoint_dir: Path | None = None, resume: bool = False, loss_fn: LossFn = masked_cross_entropy,
                  callbacks: Sequence[StepCallback] = (), reporter: Any = None, seed: int | None = None,
-                 description: str = "train", loggers: Sequence[Any] = (), phase: str = "train"):
+                 description: str = "train", loggers: Sequence[Any] = (), phase: str = "train",
+                 probe: Probe | None = None):
         self.ctx = distributed.current()
+        self.probe = probe if cfg.probe_every > 0 else None
+        if self.probe is not None and self.ctx.enabled and cfg.parallel == "fsdp":
+            raise ConfigError("train.probe_every needs the whole model on one process: not with "
+                                               "train.parallel=fsdp")
         self.model, self.stream, self.cfg = model, stream, cfg
         self.device = torch.device(device)
         self.checkpoint_dir, self.loss_fn, self.callbacks = checkpoint_dir, loss_fn, list(callbacks)
@@ -235,6 +253,27 @@ class Trainer:
                     scalars["tokens_per_s"] = self.result.tokens_per_s
                 logger.log_step(pending.step, scalars, phase=self.phase)
 
+    # ---- the probe -------------------------------------------------------------------------------------------
+    def _probe_due(self, step: int) -> bool:
+        return self.probe is not None and (step % self.cfg.probe_every == 0 or step == self.cfg.steps)
+
+    def run_probe(self, step: int) -> None:
+        """The probe at ``step`` on rank 0 (the weights as trained so far), recorded and logged."""
+        if not self.ctx.is_main:
+            return
+        t0 = time.perf_counter()
+        self.model.eval()
+        try:
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []), \
+                    torch.no_grad(), autocast(self.device, self.precision):
+                values = {name: float(v) for name, v in self.probe(self.model, self.device).items()}
+        finally:
+            self.model.train()
+        self.result.probe_history.append([step, values])
+        self.result.probe_s += time.perf_counter() - t0
+        for logger in self.loggers:
+            logger.log_step(step, {f"probe/{name}": v for name, v in values.items()}, phase=self.phase)
+
     # ---- checkpoints -----------------------------------------------------------------------------------------
     def save(self, step: int) -> Path | None:
         """A checkpoint of everything at ``step`` (rank 0 writes it; every rank takes part in gathering)."""
@@ -247,7 +286,8 @@ class Trainer:
         r = self.result
         snapshot = {"step": step, "scheduler": self.scheduler.state_dict(), "data": self.stream.state_dict(),
                     "rng": rngs, "tokens": r.tokens, "target_tokens": r.target_tokens,
-                    "loss_history": r.loss_history, "train_s": r.train_s, "resumed_from": r.resumed_from,
+                    "loss_history": r.loss_history, "probe_history": r.probe_history, "train_s": r.train_s,
+                    "probe_s": r.probe_s, "resumed_from": r.resumed_from,
                     "final_loss": r.final_loss, "train_config": self.cfg.to_dict(), "batch_plan": self.plan.to_dict()}
         return save_checkpoint(self.checkpoint_dir, self.model, snapshot, optimizer_full, weights=weights)
 
@@ -273,6 +313,8 @@ class Trainer:
                 if self.callbacks or checkpoint_due or done % cfg.log_every == 0 or done == cfg.steps:
                     self.flush()
                 bar.update(done, loss=self.result.final_loss, rate=f"{human(self.result.tokens_per_s)} tok/s")
+                if self._probe_due(done):          # before the checkpoint, which then holds this probe
+                    self.run_probe(done)
                 if checkpoint_due:
                     saved = self.save(done)
                     self.last_good, self.last_good_step = distributed.broadcast_object(saved), done

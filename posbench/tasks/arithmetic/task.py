@@ -11,12 +11,18 @@ encoding sees the same ones), greedy decoding with the KV cache from the prompt 
 correct only if the whole answer and its EOS match exactly. Reported in percent: per-cell accuracy with its
 standard error, the in-distribution average (cells with both lengths <= ``train_digits``), the
 out-of-distribution average (the others) and the whole-grid average (the paper's headline number).
+
+Probe (``train.probe_every``): during training, the exact-match accuracy on ``PROBE_EXAMPLES`` examples spread
+evenly over the in-distribution cells, other examples than the evaluation's (drawn from ``eval_seed`` and the
+cell in a stream of their own), decoded the same way; ``posbench.report.plateau`` reads its history to say
+whether a run's in-distribution accuracy had stopped improving.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -56,6 +62,10 @@ def sequence_length(max_digits: int) -> int:
     """Tokens of the longest training example: A, +, B, =, C (up to max+1 digits), EOS."""
     return 3 * max_digits + 4
 
+
+PROBE_EXAMPLES = 1000          # per probe: at 50% accuracy a standard error of 1.6 points
+PROBE_STREAM = 1               # the probe's examples: SeedSequence([eval_seed, i, j, PROBE_STREAM])
+Example = tuple[tuple[int, int], int, int]      # (its cell (i, j), a, b)
 
 DIGIT0, PLUS, EQUALS = TOKENIZER.id_of("0"), TOKENIZER.id_of("+"), TOKENIZER.id_of("=")
 
@@ -226,22 +236,47 @@ class Arithmetic(Task):
                 "hash": config_hash(spec), **spec}
 
     # ---- evaluation ------------------------------------------------------------------------------------
-    def eval_examples(self, i: int, j: int) -> list[tuple[int, int]]:
-        rng = np.random.default_rng(np.random.SeedSequence([self.opts["eval_seed"], i, j]))
-        return [(random_operand(rng, i), random_operand(rng, j)) for _ in range(self.opts["eval_samples"])]
+    def eval_examples(self, i: int, j: int, count: int | None = None, *stream: int) -> list[tuple[int, int]]:
+        """``count`` (default ``eval_samples``) examples of cell (i, j), the same for every encoding; ``stream``:
+        another sequence of examples (the probe's)."""
+        rng = np.random.default_rng(np.random.SeedSequence([self.opts["eval_seed"], i, j, *stream]))
+        return [(random_operand(rng, i), random_operand(rng, j))
+                for _ in range(self.opts["eval_samples"] if count is None else count)]
 
-    def eval_batches(self) -> list[list[tuple[tuple[int, int], int, int]]]:
+    def eval_batches(self) -> list[list[Example]]:
         """The evaluation examples ``(cell, a, b)`` in decoding batches: prompts of equal length (cells with
         the same i + j) together, at most ``eval_batch_size`` per batch."""
+        cells = bucket_pairs(self.eval_digits)
+        return self.batches({cell: self.eval_examples(*cell) for cell in cells})
+
+    @cached_property
+    def probe_batches(self) -> list[list[Example]]:
+        """The probe's examples: ``PROBE_EXAMPLES`` (rounded up to a whole number per cell) over the cells with
+        both lengths <= ``train_digits``, each cell equally often (so their mean is the mean of the cells)."""
+        cells = bucket_pairs(self.opts["train_digits"])
+        per_cell = -(-PROBE_EXAMPLES // len(cells))
+        return self.batches({cell: self.eval_examples(*cell, per_cell, PROBE_STREAM) for cell in cells})
+
+    def batches(self, examples: dict[tuple[int, int], list[tuple[int, int]]]) -> list[list[Example]]:
         by_length: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for i, j in bucket_pairs(self.eval_digits):
+        for i, j in examples:
             by_length[i + j].append((i, j))
         size = self.opts["eval_batch_size"]
         batches = []
         for total_len in sorted(by_length):
-            group = [(cell, a, b) for cell in by_length[total_len] for a, b in self.eval_examples(*cell)]
+            group = [(cell, a, b) for cell in by_length[total_len] for a, b in examples[cell]]
             batches += [group[start:start + size] for start in range(0, len(group), size)]
         return batches
+
+    def probe(self, model, device: torch.device) -> dict[str, float]:
+        """In-distribution exact-match accuracy (%) on the probe's examples (see the module docstring)."""
+        correct = total = 0
+        for batch in self.probe_batches:
+            pairs = [format_example(a, b) for _, a, b in batch]
+            out = decode_batch(model, device, [p for p, _ in pairs], new_tokens(batch))
+            correct += int(score_answers([answer for _, answer in pairs], out).sum())
+            total += len(batch)
+        return {"accuracy_id": 100 * correct / total}
 
     def evaluate(self, model, device: torch.device, reporter: Any, phases: dict) -> Evaluation:
         """Greedy decoding of every batch (split across torchrun's processes and gathered in order, so the
@@ -253,19 +288,14 @@ class Arithmetic(Task):
         total = sum(len(batch) for batch in batches)
         bar = reporter.task("eval", total=total, unit="example") if reporter else None
 
-        def new_tokens(index: int) -> int:
-            return max(max(cell) for cell, _, _ in batches[index]) + 2    # the longest answer, EOS and one more
-
         def decode(index: int) -> np.ndarray:
-            prompt = encode_equal_length([p for p, _ in texts[index]]).to(device)
-            out = model.generate(prompt, max_new_tokens=new_tokens(index), eos_id=EOS)
-            return out.to("cpu", torch.int8).numpy()               # ids < 128: a small gather
+            return decode_batch(model, device, [p for p, _ in texts[index]], new_tokens(batches[index]))
 
         def progress(n_batches: int) -> None:
             if bar:
                 bar.update(min(total, round(total * n_batches / max(len(batches), 1))))
         outputs = distributed.shard_map(decode, range(len(batches)),
-                                        cost=lambda i: len(batches[i]) * new_tokens(i),
+                                        cost=lambda i: len(batches[i]) * new_tokens(batches[i]),
                                         on_done=progress)
         if bar:
             bar.close()
@@ -327,6 +357,17 @@ _TO_CHAR = np.full(256, ord("?"), dtype=np.uint8)          # what TOKENIZER.deco
 _TO_CHAR[[PAD, BOS, EOS]] = 0
 for _index, _char in enumerate(TOKENIZER.chars):
     _TO_CHAR[len(SPECIALS) + _index] = ord(_char)
+
+
+def new_tokens(batch: list[Example]) -> int:
+    """Tokens to decode for a batch: its longest answer (max digits + 1), EOS and one more."""
+    return max(max(cell) for cell, _, _ in batch) + 2
+
+
+def decode_batch(model, device: torch.device, prompts: list[str], max_new_tokens: int) -> np.ndarray:
+    """Greedy decoding (KV cache) of equally long prompts -> the new ids ``[n, max_new_tokens]`` on the host."""
+    out = model.generate(encode_equal_length(prompts).to(device), max_new_tokens=max_new_tokens, eos_id=EOS)
+    return out.to("cpu", torch.int8).numpy()                   # ids < 128: a small gather
 
 
 def encode_equal_length(prompts: list[str]) -> torch.Tensor:
