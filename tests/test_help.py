@@ -127,3 +127,19 @@ def test_the_command_list_puts_each_summary_on_one_line_when_it_fits():
         assert any(summary in line for line in lines), name
     assert "another run's checkpoint" not in subprocess.run([sys.executable, "-m", "posbench", "run", "--help"],
                                                             capture_output=True, text=True).stdout
+
+
+def test_the_methods_options_are_flags_of_extend(llama_dir, capsys):
+    common = ("--model", llama_dir, "--length", 128, "--data", "stdlib")
+    tape = _dry_run(capsys, *common, "--method", "tape", "--gate", "scalar", "--tape-position-size", 16)
+    assert tape["encoding_options"]["gate"] == "scalar" and tape["encoding_options"]["position_size"] == 16
+    lora = _dry_run(capsys, *common, "--method", "lora", "--r", 4)
+    assert lora["encoding_options"]["r"] == 4
+    assert main(["extend", *map(str, common), "--method", "lora", "--gate", "scalar", "--dry-run"]) == 2
+    assert "unknown option --gate" in capsys.readouterr().err              # a TAPE option, not LoRA's
+
+
+def test_the_sweep_help_names_the_study_files_slurm_table(capsys, monkeypatch):
+    """Rich read "[slurm]" as markup and dropped it: the help said "the study file's  table"."""
+    text = _help(capsys, monkeypatch, "sweep")
+    assert "study file's [slurm] table" in text

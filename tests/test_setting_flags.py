@@ -83,6 +83,62 @@ def test_a_flag_and_set_keep_the_one_precedence(capsys):
     assert config["task_options"]["lengths"] == [1024, 8192]                 # the preset's, untouched
 
 
+# ---- the encoding's options are flags too ------------------------------------------------------------------
+
+def test_every_option_of_every_encoding_is_a_flag_of_its_run():
+    from posbench.encodings import ENCODINGS
+
+    for name in ENCODINGS:
+        cls = ENCODINGS.get(name)
+        known = declarations("perplexity", [name])
+        for key, option in declared(cls).items():
+            if key in getattr(cls, "task_context", ()):                   # Abacus's digit ids: the task gives them
+                assert f"{name}-{key}".replace("_", "-") not in known
+                continue
+            assert known[f"{name}-{key}".replace("_", "-")] == (f"encoding:{name}", option)   # the one declaration
+            section, _ = known[key.replace("_", "-")]
+            assert section in ("encoding", "task", "train", "model")  # unprefixed unless another section has it
+
+
+def run_dry(capsys, *argv) -> list[dict]:
+    import json
+
+    from posbench.cli.app import main
+
+    code = main(["run", "-t", "arithmetic", "-p", "tiny", "--dry-run", *argv])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out)
+
+
+def test_encoding_flags_set_the_encodings_that_declare_them(capsys):
+    rope, alibi = run_dry(capsys, "-e", "rope,alibi", "--theta", "500")
+    assert rope["encoding_options"]["theta"] == 500 and "theta" not in alibi["encoding_options"]
+    rope, xpos = run_dry(capsys, "-e", "rope,xpos", "--rope-theta", "500")     # this encoding's only
+    assert rope["encoding_options"]["theta"] == 500 and xpos["encoding_options"]["theta"] == 10000
+    rope, xpos = run_dry(capsys, "-e", "rope,xpos", "--theta", "700", "--xpos-theta", "9")
+    assert (rope["encoding_options"]["theta"], xpos["encoding_options"]["theta"]) == (700, 9)
+    (fire,) = run_dry(capsys, "-e", "fire", "--eps", "1e-5", "--fire-eps", "0.5")  # train's eps, and FIRE's
+    assert fire["train"]["eps"] == 1e-5 and fire["encoding_options"]["eps"] == 0.5
+    (rope,) = run_dry(capsys, "-e", "rope", "--theta", "77", "--set", "encoding.theta=88")
+    assert rope["encoding_options"]["theta"] == 88                           # --set wins, as for every flag
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["-e", "rope", "--thet", "5"], "unknown option --thet; did you mean --theta?"),
+    (["-e", "alibi", "--theta", "5"], "unknown option --theta"),            # ALiBi has no theta
+    (["-e", "rope", "--alibi-theta", "5"], "unknown option --alibi-theta"),
+    (["-e", "abacus", "--digit-ids", "1"], "unknown option --digit-ids"),   # the task gives it
+    (["-e", "rope", "--theta", "-5"], "option theta=-5.0 is out of range"),  # the declaration's range
+])
+def test_bad_encoding_flags_are_one_line(argv, expected, capsys):
+    from posbench.cli.app import main
+
+    code = main(["run", "-t", "arithmetic", "-p", "tiny", "--dry-run", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err and len(err.strip().splitlines()) == 1
+
+
 def test_the_tape_method_takes_the_encodings_declarations():
     from posbench.encodings.tape import TAPE
     from posbench.hf.methods import METHODS

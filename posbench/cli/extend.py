@@ -50,8 +50,8 @@ def extend(
     The same run as 'posbench run -t extend --init MODEL --encoding METHOD --length L --data SOURCE'.
 
     Every setting of the extend task, of train and of model is a flag (below): --length 8192 and --data SOURCE
-    (both needed), --scale 2, --steps 100, --lr 2e-5."""
-    from posbench.cli.setting_flags import own_options, sets_from_flags
+    (both needed), --scale 2, --steps 100, --lr 2e-5; and so is every option of the method (--tape-gate scalar)."""
+    from posbench.cli.setting_flags import for_encoding, own_options, sets_from_flags
     from posbench.errors import ConfigError
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
@@ -65,7 +65,9 @@ def extend(
                 return
         else:
             flags = ["--length" if word == "-l" else word for word in ctx.args]       # -l: --length, as before
-            settings = [*sets_from_flags(flags, "extend", "extend", own_options(ctx.command)), *sets]
+            chosen = [method] if method else []
+            settings = [*for_encoding(sets_from_flags(flags, "extend", "extend", own_options(ctx.command), chosen),
+                                      "extend", method), *sets]
             given = {item.partition("=")[0].strip().removeprefix("task.") for item in settings}   # data, task.data
             missing = [flag for flag, value in (("--model", model), ("--method", method),
                                                 ("--length", "length" in given or None),

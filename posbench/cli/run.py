@@ -57,8 +57,9 @@ def run(
     """Train and evaluate one or more encodings on a task; writes results/<task>/<encoding>/<run-id>/ (or continues
     a killed run, of any task: --resume).
 
-    Every setting of the task, of train and of model is also a flag
-    (--lr 3e-4, --train-digits 4: the task's own first; 'posbench ls tasks TASK' lists a task's)."""
+    Every setting of the task, of train, of model and of the chosen encoding is also a flag
+    (--lr 3e-4, --train-digits 4: the task's own first; 'posbench ls tasks TASK' lists a task's; --theta 500000
+    or --rope-theta 500000: 'posbench ls encodings NAME' lists an encoding's)."""
     from posbench.errors import ConfigError
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
@@ -74,15 +75,16 @@ def run(
             return
         if task is None:
             raise ConfigError("--task is required ('posbench ls tasks' lists them)")
-        from posbench.cli.setting_flags import own_options, sets_from_flags
+        from posbench.cli.setting_flags import for_encoding, own_options, sets_from_flags
 
-        sets = [*sets_from_flags(list(ctx.args), task, "run", own_options(ctx.command)), *sets]
         names = split_names(encoding) if encoding else [None]
         if encoding is not None and not names:
             raise ConfigError("--encoding is empty")
+        flags = sets_from_flags(list(ctx.args), task, "run", own_options(ctx.command), [n for n in names if n])
         # seed-major: every encoding under seed 0, then under seed 1, ... (a stopped sweep stays balanced)
         configs = [resolve_run_config(task, name, preset, seed=s, device=device,
-                                      init=str(init) if init is not None else None, sets=sets, logs=logs)
+                                      init=str(init) if init is not None else None,
+                                      sets=[*for_encoding(flags, task, name), *sets], logs=logs)
                    for s in parse_seeds(seed, seeds) for name in names]
         if dry_run:
             show_configs(configs)

@@ -1,6 +1,8 @@
 """Every declared setting is also a flag: ``--steps 5`` is ``--set task.steps=5`` when the task declares
 ``steps``, else ``--set train.steps=5``, else ``--set model.steps=5`` (the task's own option first, then train's,
-then model's). Nothing is declared here: the flags are made, when the command line is read, from the one
+then model's), and the chosen encoding's options are flags too: ``--theta 500000`` (when no task, train or model
+setting has the name) or ``--rope-theta 500000`` (always; with several encodings it sets that one's only, where
+``--theta`` sets every chosen encoding that declares ``theta``). Nothing is declared here: the flags are made, when the command line is read, from the one
 declaration of each option (``posbench.options``: a task's ``OPTIONS``, ``TrainConfig``'s and ``ModelConfig``'s
 fields), so their names, types, defaults, ranges and help cannot drift from what ``--set``, presets and
 ``posbench ls`` use. A flag becomes a ``--set`` entry, put before the command line's own ``--set`` entries, so the
@@ -24,8 +26,13 @@ from posbench.options import Switch
 SECTIONS = ("task", "train", "model")
 
 
-def declarations(task_name: str) -> dict[str, tuple[str, Any]]:
-    """Flag name (dashes) -> (section, its ``Option``), for a run of task ``task_name``."""
+#: the section of a flag that names its encoding (``--rope-theta``): "encoding:rope"
+ONE_ENCODING = "encoding:"
+
+
+def declarations(task_name: str, encodings: Iterable[str] = ()) -> dict[str, tuple[str, Any]]:
+    """Flag name (dashes) -> (section, its ``Option``), for a run of task ``task_name`` with ``encodings`` (names
+    of the task's registry: encodings, or extend's methods; an unknown name is left to the run to refuse)."""
     from posbench.options import declared
     from posbench.tasks import TASKS
     from posbench.train.config import TrainConfig
@@ -38,16 +45,61 @@ def declarations(task_name: str) -> dict[str, tuple[str, Any]]:
         for key, option in owners[section].items():
             if not getattr(option, "from_task", False):
                 found.setdefault(key.replace("_", "-"), (section, option))
+    for name, cls in encoding_classes(task_name, encodings).items():
+        given_by_task = set(getattr(cls, "task_context", ()))
+        for key, option in declared(cls).items():
+            if key not in given_by_task:
+                found.setdefault(key.replace("_", "-"), ("encoding", option))
+                found[f"{name}-{key}".replace("_", "-")] = (ONE_ENCODING + name, option)
     return found
 
 
-def sets_from_flags(args: list[str], task_name: str, command: str, own: Iterable[str] = ()) -> list[str]:
+def encoding_classes(task_name: str, names: Iterable[str]) -> dict[str, Any]:
+    """The classes of ``names`` in the registry the task's runs choose from (its model source's)."""
+    from posbench.tasks import TASKS
+
+    task = TASKS.get(task_name)
+    registry = task.model_source.encodings() if task is not None and names else {}
+    return {name: registry.get(name) for name in names if registry.get(name) is not None}
+
+
+def for_encoding(sets: list[str], task_name: str, name: str | None) -> list[str]:
+    """The entries of ``sets_from_flags`` that apply to the run of encoding ``name``: an ``encoding.KEY`` entry
+    when that encoding declares KEY (``--theta`` with ``-e rope,alibi`` sets RoPE's theta, and ALiBi has none), an
+    ``encoding:NAME.KEY`` entry (``--rope-theta``) for that encoding only, every other entry as it is."""
+    from posbench.options import declared
+
+    cls = encoding_classes(task_name, [name] if name else []).get(name)
+    own = set(declared(cls)) if cls is not None else set()
+    kept = []
+    for entry in sets:
+        target, _, rest = entry.partition(".")
+        key = rest.partition("=")[0]
+        if target == "encoding" and key not in own:
+            continue
+        if target.startswith(ONE_ENCODING):
+            if target != ONE_ENCODING + str(name):
+                continue
+            entry = "encoding." + rest
+        kept.append(entry)
+    return kept
+
+
+def sets_from_flags(args: list[str], task_name: str, command: str, own: Iterable[str] = (),
+                    encodings: Iterable[str] = ()) -> list[str]:
     """The ``--set`` entries (``section.key=value``) that the flags ``args`` name; one ``ConfigError`` line for
-    an unknown flag (with the nearest names, the command's ``own`` options among them) or a stray word."""
-    where = (f"the {task_name} task's settings, and train's and model's, are flags: 'posbench ls tasks {task_name}' "
-             f"lists the task's")
-    return [f"{section}.{key}={value}" for section, key, value in
-            parse_flags(args, declarations(task_name), command, where, own)]
+    an unknown flag (with the nearest names, the command's ``own`` options among them) or a stray word. With
+    ``encodings``, their options are flags too: pass each run's entries through ``for_encoding``."""
+    where = (f"the {task_name} task's settings, train's, model's and the encoding's are flags: 'posbench ls tasks "
+             f"{task_name}' lists the task's, 'posbench ls encodings NAME' an encoding's")
+    return [f"{section}.{option_key(section, key)}={value}" for section, key, value in
+            parse_flags(args, declarations(task_name, encodings), command, where, own)]
+
+
+def option_key(section: str, key: str) -> str:
+    """The option a flag sets: ``rope_theta`` in section ``encoding:rope`` is ``theta``."""
+    return key.removeprefix(section.removeprefix(ONE_ENCODING).replace("-", "_") + "_") \
+        if section.startswith(ONE_ENCODING) else key
 
 
 def own_options(command: Any) -> set[str]:

@@ -20,7 +20,7 @@ SWEEP_EPILOG = """[bold]Examples[/bold]
 
   posbench sweep study.toml --retry-failed                (also rerun the cells that failed)
 
-[bold]Executor settings[/bold]: each is a flag, and a key of the study file's [slurm] table (the flag wins); all but
+[bold]Executor settings[/bold]: each is a flag, and a key of the study file's \\[slurm] table (the flag wins); all but
 --gpus-per-cell are --executor slurm's.
 """
 
