@@ -167,6 +167,12 @@ def test_slurm_options_from_the_study_and_the_command_line():
     assert options.additional == {"exclusive": True}
     assert minutes(45, "x") == 45 and minutes("2-00:00:00", "x") == 2880 and minutes("10:30", "x") == 11
     assert minutes("20", "x") == 20
+    # SLURM's day forms: D-HH, D-HH:MM (the hours after the dash, not minutes), and no negative time
+    assert minutes("2-5", "x") == 2 * 1440 + 300 and minutes("1-2:30", "x") == 1440 + 150
+    assert minutes("0:0:59", "x") == 1
+    for bad in ("-5", "5-", "1:2:3:4", "a", "0", "1--2", " "):
+        with pytest.raises(SlurmError):
+            minutes(bad, "x")
     for bad in ({"time": "soon"}, {"gpus_per_cell": -1}, {"cpus_per_cell": 0}, {"partition": 3}):
         with pytest.raises(SlurmError):
             slurm_options(bad, {})

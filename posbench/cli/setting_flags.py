@@ -1,13 +1,13 @@
-"""Every declared setting is also a flag: ``--steps 5`` is ``--set task.steps=5`` when the task declares
-``steps``, else ``--set train.steps=5``, else ``--set model.steps=5`` (the task's own option first, then train's,
-then model's), and the chosen encoding's options are flags too: ``--theta 500000`` (when no task, train or model
-setting has the name) or ``--rope-theta 500000`` (always; with several encodings it sets that one's only, where
-``--theta`` sets every chosen encoding that declares ``theta``). Nothing is declared here: the flags are made, when the command line is read, from the one
-declaration of each option (``posbench.options``: a task's ``OPTIONS``, ``TrainConfig``'s and ``ModelConfig``'s
-fields), so their names, types, defaults, ranges and help cannot drift from what ``--set``, presets and
-``posbench ls`` use. A flag becomes a ``--set`` entry, put before the command line's own ``--set`` entries, so the
-one precedence is: declared default < preset < --init model < study < flags < ``--set`` (of a flag given twice, the
-last).
+"""Every declared setting is also a flag: ``--steps 5`` is ``--set task.steps=5`` when the task declares ``steps``,
+else ``--set train.steps=5``, else ``--set model.steps=5`` (the task's own option first, then train's, then
+model's), and the chosen encoding's options are flags too: ``--theta 500000`` (when no task, train or model setting
+has the name) or ``--rope-theta 500000`` (always; with several encodings it sets that one's only, where ``--theta``
+sets every chosen encoding that declares ``theta``). Nothing is declared here: the flags are made, when the command
+line is read, from the one declaration of each option (``posbench.options``: a task's ``OPTIONS``, ``TrainConfig``'s
+and ``ModelConfig``'s fields), so their names, types, defaults, ranges and help cannot drift from what ``--set``,
+presets and ``posbench ls`` use. A flag becomes a ``--set`` entry, put before the command line's own ``--set``
+entries, so the one precedence is: declared default < preset < --init model < study < flags < ``--set`` (of a flag
+given twice, the last).
 
 Spellings: ``--name value``, ``--name=value``, underscores or dashes (``--new-tokens``); a true / false option
 also as ``--name`` alone (true) and ``--no-name`` (false). Lists are comma-separated (``--lengths 1024,8192``).

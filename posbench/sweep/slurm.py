@@ -76,23 +76,26 @@ class SlurmHandle:
 
 
 def minutes(value: Any, where: str) -> int:
-    """``90`` or ``"1:30:00"`` or ``"2-00:00:00"`` -> minutes."""
+    """SLURM's time formats -> minutes (seconds rounded up): ``90`` (minutes), ``"MM:SS"``, ``"HH:MM:SS"``,
+    ``"D-HH"``, ``"D-HH:MM"``, ``"D-HH:MM:SS"``; every part a whole number >= 0 (``"-5"`` is refused)."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     if isinstance(value, str):
-        days, _, clock = value.rpartition("-")
-        parts = clock.split(":")
-        try:
-            numbers = [int(p) for p in parts]
-            whole = int(days or 0) * 1440
-        except ValueError:
-            numbers = []
-        if 1 <= len(numbers) <= 3:
-            h, m, s = ([0] * (3 - len(numbers)) + numbers) if len(numbers) > 1 else (0, numbers[0], 0)
-            total = whole + h * 60 + m + math.ceil(s / 60)
+        days, dash, clock = value.strip().partition("-")
+        if not dash:
+            days, clock = "", days
+        parts = [days] * bool(dash) + clock.split(":")
+        if all(p.isdigit() for p in parts) and len(clock.split(":")) <= 3:
+            numbers = [int(p) for p in clock.split(":")]
+            if dash:                                      # D-HH[:MM[:SS]]
+                h, m, s = (numbers + [0, 0])[:3]
+                total = int(days) * 1440 + h * 60 + m + math.ceil(s / 60)
+            else:                                         # MM, MM:SS, HH:MM:SS
+                h, m, s = (0, numbers[0], 0) if len(numbers) == 1 else ([0] * (3 - len(numbers)) + numbers)
+                total = h * 60 + m + math.ceil(s / 60)
             if total > 0:
                 return total
-    raise SlurmError(f"{where}: time {value!r}: give minutes (90) or [D-]HH:MM:SS")
+    raise SlurmError(f"{where}: time {value!r}: give minutes (90), HH:MM:SS or D-HH[:MM[:SS]] (SLURM's formats)")
 
 
 class SlurmExecutor:
