@@ -15,6 +15,7 @@ from posbench.tasks.arithmetic.task import (AdditionStream, bucket_pairs, cell_s
                                        score_answers, sequence_length, summarise)
 
 from arithmetic_oracle import encode_examples, exact_match
+from posbench.tasks.presets import presets_of
 
 TOK = CharTokenizer()
 
@@ -230,7 +231,7 @@ def test_evaluate_real_model_uses_kv_cache_generation():
 
 def test_presets_and_validation():
     cls = TASKS["arithmetic"]
-    assert set(cls.preset_table()) == {"tiny", "small", "gpu", "paper"} and cls.default_preset == "small"
+    assert set(presets_of(cls)) == {"tiny", "small", "gpu", "paper"} and cls.default_preset == "small"
     paper = resolve_run_config("arithmetic", "rope", "paper")
     assert (paper.model["n_layers"], paper.model["d_model"], paper.model["n_heads"]) == (16, 1024, 16)
     assert (paper.train["batch_size"], paper.train["steps"], paper.train["lr"]) == (512, 20000, 1e-4)

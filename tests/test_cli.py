@@ -5,6 +5,7 @@ import json
 import pytest
 
 from posbench.cli import main
+from posbench.tasks.presets import presets_of
 
 
 def run_cli(capsys, *args):
@@ -32,9 +33,9 @@ def test_ls_lists_encodings_tasks_presets(capsys):
 def test_ls_presets_is_readable_at_80_columns_and_shows_the_expected_time(capsys, monkeypatch, width):
     from posbench.tasks import TASKS
 
-    small = TASKS["arithmetic"].preset_table()["small"]
+    small = presets_of(TASKS["arithmetic"])["small"]
     monkeypatch.setitem(small, "expected", {"seconds": 300, "hardware": "2-core CPU", "how": "measured"})
-    monkeypatch.delitem(TASKS["passkey"].preset_table()["tiny"], "expected", raising=False)     # shown as "-"
+    monkeypatch.delitem(presets_of(TASKS["passkey"])["tiny"], "expected", raising=False)     # shown as "-"
     monkeypatch.setenv("COLUMNS", str(width))
     code, out, _ = run_cli(capsys, "ls", "presets")
     assert code == 0
@@ -44,7 +45,7 @@ def test_ls_presets_is_readable_at_80_columns_and_shows_the_expected_time(capsys
     words = set(out.replace("│", " ").replace(",", " ").split())
     for name in TASKS:
         assert name in words
-        for preset in TASKS[name].preset_table():
+        for preset in presets_of(TASKS[name]):
             # every preset is one line of its table (not a row spread over many lines)
             row = [line for line in lines if line.startswith("│") and line.split("│")[1 if width == 80 else 2]
                    .strip().rstrip("*") == preset and (width == 80 or line.split("│")[1].strip() == name)]

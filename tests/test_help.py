@@ -10,6 +10,7 @@ import re
 import pytest
 
 from posbench.cli import main
+from posbench.tasks.presets import preset_of, presets_of
 
 
 def _help(capsys, monkeypatch, *argv) -> str:
@@ -27,7 +28,7 @@ def test_run_help_names_every_encoding_task_and_preset(capsys, monkeypatch):
     from posbench.tasks import TASKS
 
     text = _help(capsys, monkeypatch, "run")
-    presets = {p for cls in TASKS.values() for p in cls.preset_table()}
+    presets = {p for cls in TASKS.values() for p in presets_of(cls)}
     assert {"tiny", "small", "gpu", "paper"} <= presets
     assert _names_in(text, sorted(ENCODINGS)) == []
     assert _names_in(text, sorted(TASKS)) == []
@@ -41,7 +42,7 @@ def test_extend_help_names_every_method_and_its_presets(capsys, monkeypatch):
     text = _help(capsys, monkeypatch, "extend")
     assert {"tape", "lora", "longlora", "theta", "yarn", "ntk"} <= set(METHODS)
     assert _names_in(text, list(METHODS)) == []
-    assert _names_in(text, list(TASKS["extend"].preset_table())) == []
+    assert _names_in(text, list(presets_of(TASKS["extend"]))) == []
     assert "small (default)" in text and "ntk: training-free" in text
 
 
@@ -74,7 +75,7 @@ def _dry_run(capsys, *argv) -> dict:
 def test_extend_defaults_to_the_small_preset_and_ntk_to_no_training(llama_dir, capsys, tmp_path):
     from posbench.tasks import TASKS
 
-    small = TASKS["extend"].preset("small")["train"]
+    small = preset_of(TASKS["extend"], "small")["train"]
     common = ("--model", llama_dir, "--length", 128, "--data", "stdlib")
     tape = _dry_run(capsys, *common, "--method", "tape")
     assert tape["preset"] == "small" and tape["train"]["steps"] == small["steps"] == 50

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from posbench.cli import main
+from posbench.tasks.presets import preset_of
 
 FIXTURES = Path(__file__).parent / "fixtures" / "scrolls"
 
@@ -120,7 +121,7 @@ def test_a_presets_tokenizer_gives_way_to_the_init_runs(results, capsys):
     from posbench.tasks.perplexity.task import Perplexity
 
     pre = _only_run(results, "pretrain", "rope")               # written by the test above (module scope)
-    assert Perplexity.preset("paper")["task"]["tokenizer"] == "bpe:32000"
+    assert preset_of(Perplexity, "paper")["task"]["tokenizer"] == "bpe:32000"
     cfg = resolve_run_config("perplexity", None, "paper", init=str(pre))
     assert cfg.task_options["tokenizer"] == "byte"               # the default: "take the init run's"
     code, _, err = _run(capsys, "run", "-t", "perplexity", "-p", "tiny", "--init", str(pre),

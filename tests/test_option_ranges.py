@@ -15,6 +15,7 @@ from posbench.model import ModelConfig
 from posbench.options import Bound, OneOf, OptionError
 from posbench.tasks import TASKS
 from posbench.train.config import TrainConfig
+from posbench.tasks.presets import presets_of
 
 
 @pytest.mark.parametrize("name", sorted(ENCODINGS))
@@ -29,7 +30,7 @@ def test_every_encoding_option_is_declared_with_a_range_and_refused_outside_it(n
 def test_every_task_option_is_declared_with_a_range_and_refused_outside_it(name):
     from posbench.checks.task import configure
 
-    preset = "tiny" if "tiny" in TASKS[name].preset_table() else None
+    preset = "tiny" if "tiny" in presets_of(TASKS[name]) else None
     declared_well(TASKS[name])
     refused(TASKS[name], lambda options: configure(name, "rope", preset, (), options))
 

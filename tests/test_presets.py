@@ -5,6 +5,7 @@ import pytest
 
 from posbench.runs.config import resolve_run_config
 from posbench.tasks import PRESET_NAMES, TASKS
+from posbench.tasks.presets import presets_of
 
 TRAINING_TASKS = ["arithmetic", "pretrain", "perplexity", "passkey", "scrolls", "ruler"]
 #: presets beyond the four that a published study trains with (its budget, stated in its presets.toml)
@@ -15,15 +16,15 @@ STUDY_PRESETS = {"perplexity": ("study",), "passkey": ("study",)}
 def test_every_preset_exists_and_resolves(task):
     cls = TASKS[task]
     assert PRESET_NAMES == ("tiny", "small", "gpu", "paper")
-    assert tuple(p for p in cls.preset_table() if p not in STUDY_PRESETS.get(task, ())) == PRESET_NAMES
-    for preset in cls.preset_table():
+    assert tuple(p for p in presets_of(cls) if p not in STUDY_PRESETS.get(task, ())) == PRESET_NAMES
+    for preset in presets_of(cls):
         config = resolve_run_config(task, "tape", preset)
         assert config.preset == preset and "expected" not in config.to_dict()
 
 
 @pytest.mark.parametrize("task", TRAINING_TASKS)
 def test_every_preset_states_its_expected_time(task):
-    for preset, sections in TASKS[task].preset_table().items():
+    for preset, sections in presets_of(TASKS[task]).items():
         expected = sections["expected"]
         assert set(expected) == {"seconds", "hardware", "how", "note"}, (task, preset)
         assert isinstance(expected["seconds"], (int, float)) and expected["seconds"] > 0

@@ -306,7 +306,7 @@ def test_a_file_dropped_into_posbenchs_folder_is_not_listed_as_built_in():
 
 def test_a_preset_written_as_a_string_or_with_an_unknown_section_names_what_is_valid(tmp_path):
     from posbench.errors import ConfigError
-    from posbench.tasks.base import load_presets
+    from posbench.tasks.presets import load_presets
 
     bad = tmp_path / "bad.toml"
     bad.write_text('tiny = "steps = 20"\n')
@@ -323,7 +323,7 @@ def test_the_extending_guides_presets_file_loads(tmp_path):
     import re
     from pathlib import Path
 
-    from posbench.tasks.base import load_presets
+    from posbench.tasks.presets import load_presets
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
     (block,) = re.findall(r"```toml\n(# copy_task.toml.*?)```", text, re.S)

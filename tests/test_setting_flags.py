@@ -172,6 +172,27 @@ def test_a_task_written_for_the_old_hooks_is_refused_not_ignored():
             def build_model(self, device):
                 return None, None
     assert "test-old-hooks" not in TASKS
+    with pytest.raises(TypeError, match="task 'test-old-presets' defines preset_table: a task gives its presets"):
+        class OldPresets(Task):
+            name = "test-old-presets"
+
+            @classmethod
+            def preset_table(cls):
+                return {}
+    assert "test-old-presets" not in TASKS
+
+
+def test_presets_are_read_outside_the_task():
+    from posbench.tasks import Task
+    from posbench.tasks.presets import preset_of, preset_path, presets_of
+
+    for member in ("preset", "preset_table", "preset_file"):
+        assert not hasattr(Task, member), member
+    arithmetic = TASKS["arithmetic"]
+    assert preset_path(arithmetic).name == "presets.toml" and preset_path(arithmetic).parent.name == "arithmetic"
+    assert preset_of(arithmetic, "small") is presets_of(arithmetic)["small"]
+    with pytest.raises(ConfigError, match="task 'arithmetic' has no preset 'huge'; presets: tiny, small, gpu, paper"):
+        preset_of(arithmetic, "huge")
 
 
 def test_a_task_with_its_own_model_source_is_run_by_the_one_runner(tmp_path):

@@ -11,6 +11,7 @@ from posbench.sweep.plan import expand, validate
 from posbench.sweep.slurm import SlurmError, minutes, slurm_options
 from posbench.sweep.study import StudyError, read_study
 from posbench.tasks import TASKS
+from posbench.tasks.presets import preset_of
 
 CHAIN = """
 encodings = ["rope", "alibi"]
@@ -54,7 +55,7 @@ def test_a_study_expands_to_every_cell_seed_major_with_parents(tmp_path):
     assert first.run_args() == ["run", "-e", "rope", "-t", "pretrain", "-p", "tiny", "--seed", "0", "--device",
                                 "auto", "--set", "train.log_every=5"]
     # the expected time is the preset's own
-    assert first.expected_s == TASKS["pretrain"].preset("tiny")["expected"]["seconds"]
+    assert first.expected_s == preset_of(TASKS["pretrain"], "tiny")["expected"]["seconds"]
     validate(cells)
 
 

@@ -69,12 +69,13 @@ def task_context(cls: Any) -> tuple[dict[str, Any], int]:
         return {}, VOCAB
     from posbench.runs.config import resolve_run_config
     from posbench.tasks import TASKS
+    from posbench.tasks.presets import presets_of
 
     for name in TASKS:
         task = TASKS[name]
         context = task.encoding_context(task.defaults())
         if task.model_source.builds and all(key in context for key in cls.task_context):
-            config = resolve_run_config(name, cls.name, "tiny" if "tiny" in task.preset_table() else None)
+            config = resolve_run_config(name, cls.name, "tiny" if "tiny" in presets_of(task) else None)
             vocab = max(task(config).vocab_size(), VOCAB)
             return {key: context[key] for key in cls.task_context}, vocab
     raise CheckFailed(f"no task gives {', '.join(cls.task_context)}, which the encoding needs")

@@ -25,10 +25,11 @@ BATCH = 4
 def check_task(name: str, *, encoding: str = "rope", sets: tuple[str, ...] = ()) -> Report:
     """Every check of the task contract on task ``name``, with ``encoding`` and the extra ``sets``."""
     from posbench.tasks import TASKS
+    from posbench.tasks.presets import presets_of
 
     cls = TASKS.get(name)
     report = Report(f"task '{name}'")
-    preset = "tiny" if "tiny" in cls.preset_table() else None
+    preset = "tiny" if "tiny" in presets_of(cls) else None
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -67,8 +68,9 @@ def version(cls: Any) -> str:
 
 def presets(cls: Any, encoding: str, sets: tuple[str, ...]) -> str:
     from posbench.runs.config import resolve_run_config
+    from posbench.tasks.presets import presets_of
 
-    table = cls.preset_table()
+    table = presets_of(cls)
     for preset in table:
         resolve_run_config(cls.name, encoding, preset, sets=list(sets))
     if cls.default_preset not in table and table:

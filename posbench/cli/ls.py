@@ -96,11 +96,12 @@ def encodings_listing(width: int) -> list[RenderableType]:
 
 def tasks_listing(width: int) -> list[RenderableType]:
     from posbench.tasks import TASKS
+    from posbench.tasks.presets import presets_of
 
     rows = []
     for name in TASKS:
         cls = TASKS[name]
-        presets = ", ".join(f"{p}*" if p == cls.default_preset else p for p in cls.preset_table())
+        presets = ", ".join(f"{p}*" if p == cls.default_preset else p for p in presets_of(cls))
         rows.append([name, cls.description, TASKS.origin(name), presets, kv(cls.defaults())])
     return _listing("tasks", ["name", "description", "origin", "presets", "options (defaults)"], rows, width)
 
@@ -147,14 +148,16 @@ def encoding_detail(name: str) -> list[RenderableType]:
 
     cls = ENCODINGS.get(name)
     return detail("encoding", cls, [("origin", f"{ENCODINGS.origin(name)}, {cls.__module__}.{cls.__qualname__}"),
-                                    ("set with", f"--set encoding.KEY=VALUE, or ModelConfig(encoding_options=...)")])
+                                    ("set with", f"--KEY VALUE or --{name}-KEY VALUE (run's flags), --set encoding.KEY=VALUE, or "
+                                                 "ModelConfig(encoding_options=...)")])
 
 
 def task_detail(name: str) -> list[RenderableType]:
     from posbench.tasks import TASKS
+    from posbench.tasks.presets import presets_of
 
     cls = TASKS.get(name)
-    presets = ", ".join(f"{p}*" if p == cls.default_preset else p for p in cls.preset_table()) or "none"
+    presets = ", ".join(f"{p}*" if p == cls.default_preset else p for p in presets_of(cls)) or "none"
     return detail("task", cls, [("origin", f"{TASKS.origin(name)}, {cls.__module__}.{cls.__qualname__}"),
                                 ("version", str(cls.version)), ("presets", f"{presets} (* the default)"),
                                 ("set with", "--set task.KEY=VALUE")])
@@ -209,11 +212,12 @@ PRESETS_TITLE = "presets (* default; every key can be changed with --set section
 def preset_rows(name: str) -> list[dict[str, str]]:
     from posbench.runs.config import model_defaults, train_defaults
     from posbench.tasks import TASKS
+    from posbench.tasks.presets import presets_of
 
     cls = TASKS[name]
     base_model, base_train = model_defaults(), train_defaults()
     rows = []
-    for preset, sections in cls.preset_table().items():
+    for preset, sections in presets_of(cls).items():
         model = {**base_model, **sections.get("model", {})}
         train = {**base_train, **sections.get("train", {})}
         shape = f"{model['n_layers']}L x {model['d_model']}d, {model['n_heads']}h" + (

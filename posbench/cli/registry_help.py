@@ -48,9 +48,10 @@ def tasks_help() -> str:
 
 def presets_help() -> str:
     from posbench.tasks import PRESET_NAMES, TASKS
+    from posbench.tasks.presets import presets_of
 
-    names = list(PRESET_NAMES) + sorted({p for t in TASKS.values() for p in t.preset_table()} - set(PRESET_NAMES))
-    defaults = {name: cls.default_preset for name, cls in TASKS.items() if cls.preset_table()}
+    names = list(PRESET_NAMES) + sorted({p for t in TASKS.values() for p in presets_of(t)} - set(PRESET_NAMES))
+    defaults = {name: cls.default_preset for name, cls in TASKS.items() if presets_of(cls)}
     usual = max(set(defaults.values()), key=list(defaults.values()).count)
     others = ", ".join(f"{t}: {p}" for t, p in sorted(defaults.items()) if p != usual)
     return (f"Preset: {listing(names)} (default: {usual}" + (f"; {others}" if others else "") +
@@ -67,9 +68,10 @@ def methods_help() -> str:
 
 def extend_presets_help() -> str:
     from posbench.tasks import TASKS
+    from posbench.tasks.presets import presets_of
 
     extend = TASKS["extend"]
-    names = [f"{p} (default)" if p == extend.default_preset else p for p in extend.preset_table()]
+    names = [f"{p} (default)" if p == extend.default_preset else p for p in presets_of(extend)]
     return f"Preset: {listing(names)}; 'posbench ls presets' gives each one's steps and time."
 
 

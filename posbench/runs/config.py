@@ -164,12 +164,13 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
     order (a study's, then the command line's flags and ``--set``: the flags are made into ``--set`` entries by
     ``posbench.cli.setting_flags``) -> the task's adjustments; everything coerced and range-checked."""
     from posbench.tasks import TASKS
+    from posbench.tasks.presets import preset_of
 
     if seed is not None and not 0 <= int(seed) <= MAX_SEED:
         raise ConfigError(f"--seed {seed}: a seed must be between 0 and {MAX_SEED} (NumPy's range)")
     task_cls = TASKS.get(task)
     preset = preset or task_cls.default_preset
-    chosen = task_cls.preset(preset)
+    chosen = preset_of(task_cls, preset)
     source = resolve_init(init, init_flag) if init is not None else None
     models = task_cls.model_source
     encoding = models.choose_encoding(encoding, source)

@@ -55,13 +55,14 @@ class Cell:
 
 def expand(study: Study) -> list[Cell]:
     from posbench.tasks import TASKS
+    from posbench.tasks.presets import preset_of
 
     cells: dict[tuple, Cell] = {}
     for axis in study.tasks:
         task_cls = TASKS.get(axis.name)
         for preset in axis.presets:
             preset = preset or task_cls.default_preset
-            expected = (task_cls.preset(preset).get("expected") or {}).get("seconds")
+            expected = (preset_of(task_cls, preset).get("expected") or {}).get("seconds")
             for variant, variant_sets in study.variants.items():
                 for seed in study.seeds:
                     for encoding in axis.encodings:

@@ -10,9 +10,10 @@ from posbench.registry import import_folder
 
 #: the modules and folders posbench ships: their tasks are "built-in"; one dropped in is listed as added
 SHIPPED = ("arithmetic", "base", "bench", "build_model", "corpus_task", "extend", "model_source", "passkey",
-           "perplexity", "pretrain", "ruler", "scrolls")
+           "perplexity", "presets", "pretrain", "ruler", "scrolls")
 
-from posbench.tasks.base import PRESET_NAMES, TASKS, IndexedStream, Phase, SeededStream, Task  # noqa: E402
+from posbench.tasks.base import TASKS, IndexedStream, Phase, SeededStream, Task  # noqa: E402
+from posbench.tasks.presets import PRESET_NAMES  # noqa: E402
 
 import_folder(__name__, __path__)
 

@@ -22,13 +22,11 @@ Class attributes:
   ``tokenizer``) is also set by that flag.
 - ``version`` (1 until a change makes the task's numbers differ from earlier runs'; recorded in ``result.json``,
   and ``compare`` never pools runs of two versions).
-- ``default_preset``. Presets are read from the TOML file beside the module (``presets.toml`` beside a task
-  folder's ``task.py``, ``<module>.toml`` beside a one-file task) or given as the ``presets`` dict: one table per
-  preset (``tiny`` runs in seconds on a CPU, ``small`` in minutes on a 2-core CPU, ``gpu`` in minutes on one GPU,
-  ``paper`` is the paper's recipe), each with ``model``, ``train``, ``task`` (and ``encoding``) sub-tables
-  overriding the built-in defaults, ``extends = "task.preset"`` to start from another preset, and an
-  ``expected`` table (``seconds``, ``hardware``, ``how`` = measured | estimated, ``note``): the wall time of one
-  run, shown by ``ls presets``.
+- ``default_preset``, and the presets themselves: the TOML file beside the module (``presets.toml`` beside a task
+  folder's ``task.py``, ``<module>.toml`` beside a one-file task) or the ``presets`` dict: one table per preset
+  (``tiny`` runs in seconds on a CPU, ``small`` in minutes on a 2-core CPU, ``gpu`` in minutes on one GPU,
+  ``paper`` is the paper's recipe). Reading and choosing them is ``posbench.tasks.presets``' job (its docstring
+  has the format).
 
 Where the model comes from is not the task's job: ``model_source`` names it (``posbench.tasks.model_source``: a
 fresh model or an ``--init`` one, the default; ``OWN`` for a task that builds its own, as bench; extend's
@@ -39,6 +37,10 @@ Configuration hooks (class methods, called while the configuration is built): ``
 others, e.g. passkey's ``train_length`` is the model's ``max_seq_len``), ``encoding_context`` (encoding options only
 the task can give, e.g. the token ids of the digits, filled into every encoding that names them in its
 ``task_context``) and ``label_for`` (the run's name in tables and directories).
+
+A probe (optional): ``probe(model, device) -> {name: value}``, a quick measure of the in-distribution metric that
+the trainer runs every ``train.probe_every`` steps (the arithmetic task's accuracy on the operand lengths seen in
+training); its history is what ``posbench.report.plateau`` judges a run's plateau by.
 
 Training data: ``train_stream()`` returns an object with ``next_batch(batch_size) -> posbench.data.batch.Batch``
 and a ``state_dict()`` / ``load_state_dict()`` pair (plain JSON) that captures the stream position, so
@@ -57,12 +59,9 @@ dicts)``. Grids with two axes are drawn as heatmaps by ``posbench compare --plot
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -70,17 +69,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from posbench.errors import ConfigError
 from posbench.options import Configurable
 from posbench.registry import Registry
 from posbench.tasks.model_source import FRESH, ModelSource
 from posbench.train.config import TrainConfig
 
 TASKS: Registry = Registry("task", entry_point_group="posbench.tasks")
-PRESET_NAMES = ("tiny", "small", "gpu", "paper")
-PRESET_SECTIONS = ("model", "train", "task", "encoding", "expected")
 #: members of the Task before model_source took them over (a subclass that still defines one is refused)
 MOVED_TO_MODEL_SOURCE = ("needs_model", "build_model", "choose_encoding", "take_init", "encodings")
+#: members of the Task before posbench.tasks.presets took them over: a task gives ``presets`` (or its TOML file)
+MOVED_TO_PRESETS = ("preset", "preset_table", "preset_file")
 
 
 @dataclass
@@ -129,6 +127,11 @@ class Task(Configurable):
             raise TypeError(f"task '{cls.__dict__.get('name', cls.__qualname__)}' defines {', '.join(moved)}: where "
                             f"the model comes from is now the task's model_source (posbench.tasks.model_source: "
                             f"OWN for a task that builds its own models, or a ModelSource subclass)")
+        moved = [name for name in MOVED_TO_PRESETS if name in cls.__dict__]
+        if moved:
+            raise TypeError(f"task '{cls.__dict__.get('name', cls.__qualname__)}' defines {', '.join(moved)}: a task "
+                            f"gives its presets as the class's presets dict or the TOML file beside its module "
+                            f"(posbench.tasks.presets reads them)")
         TASKS.add_subclass(cls)
 
     def __init__(self, config):
@@ -155,24 +158,6 @@ class Task(Configurable):
     @classmethod
     def label_for(cls, encoding: str | None, source: Any, options: dict[str, Any]) -> str:
         return encoding or (source.label if source is not None else cls.name)
-
-    @classmethod
-    def preset(cls, name: str) -> dict[str, dict[str, Any]]:
-        table = cls.preset_table()
-        if name not in table:
-            raise ConfigError(f"task '{cls.name}' has no preset '{name}'; presets: {', '.join(table) or 'none'}")
-        return table[name]
-
-    @classmethod
-    def preset_table(cls) -> dict[str, dict[str, Any]]:
-        """``presets``, or the TOML file beside the task's module (``preset_file``)."""
-        return cls.presets or load_presets(str(cls.preset_file()), cls.name)
-
-    @classmethod
-    def preset_file(cls) -> Path:
-        """``presets.toml`` beside a task folder's ``task.py``; ``<module>.toml`` beside a one-file task."""
-        module = Path(inspect.getfile(cls))
-        return module.with_name("presets.toml") if module.name == "task.py" else module.with_suffix(".toml")
 
     # ---- hooks ------------------------------------------------------------------------------------------
     def validate(self) -> None:
@@ -230,38 +215,6 @@ class Task(Configurable):
         rows) as a ``posbench.stats.ExampleScores``, so that ``compare --against`` pairs two encodings example
         by example; None (the default): the metrics are paired across seeds only."""
         return None
-
-
-@cache
-def load_presets(path: str, task_name: str) -> dict[str, dict[str, Any]]:
-    """Presets of task ``task_name`` from a TOML file; ``extends = "task.preset"`` merges another task's (or this
-    file's) preset under this one, section by section."""
-    file = Path(path)
-    if not file.is_file():
-        return {}
-    with open(file, "rb") as fh:
-        raw = tomllib.load(fh)
-    table: dict[str, dict[str, Any]] = {}
-    for name, preset in raw.items():
-        if not isinstance(preset, dict):
-            raise ConfigError(f"{file.name}: preset '{name}' is {type(preset).__name__} {preset!r}, not a table: write "
-                              f"[{name}] and under it {', '.join(PRESET_SECTIONS)} (each a table of settings, "
-                              f"e.g. train = {{ steps = 20 }}) or extends = \"task.preset\"")
-        base: dict[str, Any] = {}
-        if "extends" in preset:
-            task, _, other = str(preset["extends"]).partition(".")
-            source = raw if task == task_name else TASKS.get(task).preset_table()
-            if other not in source:
-                raise ConfigError(f"{file.name}: preset '{name}' extends unknown '{preset['extends']}'")
-            base = source[other]
-        merged = {section: {**base.get(section, {}), **preset.get(section, {})}
-                  for section in PRESET_SECTIONS if section in base or section in preset}
-        unknown = sorted(set(preset) - set(PRESET_SECTIONS) - {"extends"})
-        if unknown:
-            raise ConfigError(f"{file.name}: preset '{name}' has unknown sections {unknown}; valid: "
-                              f"{', '.join(PRESET_SECTIONS)}, extends")
-        table[name] = merged
-    return table
 
 
 class IndexedStream:
