@@ -50,7 +50,8 @@ def write_tree(root):
 def test_tables_mark_the_best_of_each_column(tmp_path):
     write_tree(tmp_path)
     rep = report.collect(tmp_path)
-    assert [t.task for t in rep.tables] == ["arithmetic", "other"]
+    assert [(t.task, t.kind) for t in rep.tables] == [("arithmetic", "metrics"), ("arithmetic", "by_length"),
+                                                      ("other", "metrics"), ("other", "by_length")]
     table = rep.tables[0]
     assert table.columns == ["accuracy", "accuracy_id", "perplexity"]
     assert [r.encoding for r in table.rows] == ["tape", "rope"]          # sorted by the primary metric
@@ -76,8 +77,9 @@ def test_every_format_renders(tmp_path):
     rep = report.collect(tmp_path)
     md = report.render_text(rep, "markdown")
     assert "### arithmetic" in md and "**60.00 ± 1.50**" in md and "| rope |" in md
-    rows = list(csv.DictReader(io.StringIO(report.render_text(rep, "csv"))))
-    assert {r["encoding"] for r in rows} == {"rope", "tape"} and len(rows) == 3
+    every = list(csv.DictReader(io.StringIO(report.render_text(rep, "csv"))))
+    rows = [r for r in every if "by the longer length" not in r["task"]]    # the by-length tables' rows apart
+    assert {r["encoding"] for r in rows} == {"rope", "tape"} and len(rows) == 3 and len(every) == 6
     tape = next(r for r in rows if r["encoding"] == "tape")
     assert float(tape["accuracy"]) == 60.0 and tape["accuracy_best"] == "1" and tape["perplexity_best"] == "0"
     tex = report.render_text(rep, "latex")
