@@ -5,8 +5,8 @@ HTML report that ``posbench compare`` makes of them.
     python studies/publish.py results/studies/cpu-v2 docs/studies/cpu/v2 docs/studies/cpu.md   (from the repository root)
 
 From every cell of the sweep's output (``OUT/cells/<cell id>/``) whose run finished, ``result.json`` (and
-``predictions.jsonl`` when the task writes one) is copied to ``PAGE/runs/<cell id>/``; checkpoints stay
-behind. Then, over ``PAGE/runs`` only:
+``predictions.jsonl`` when the task writes one; gzipped, as ``predictions.jsonl.gz``, when over 256 KiB) is copied
+to ``PAGE/runs/<cell id>/``; checkpoints stay behind. Then, over ``PAGE/runs`` only:
 
     PAGE/tables.md      exactly what ``posbench compare PAGE/runs --against rope --format markdown`` prints,
                         then the same ``--against alibi`` (the papers of KERPLE, Sandwich, DAPE compare to ALiBi)
@@ -26,6 +26,7 @@ committed runs, and that the page's quotes are tables.md's, so a page cannot dri
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -39,6 +40,9 @@ from posbench.files import atomic_save, atomic_write_text
 AGAINST = ("rope", "alibi")      # the tables' baselines: the first is the figures' and the report's too
 TABLES, FIGURES, REPORT, RUNS, PLATEAU = "tables.md", "figures", "report.html", "runs", "plateau.md"
 COPIED = ("result.json", "predictions.jsonl")
+#: predictions larger than this are kept gzipped (``predictions.jsonl.gz``: the same bytes once decompressed;
+#: compare reads either): an arithmetic cell's 10,000 examples are 1.4 MB as text, 0.27 MB gzipped
+GZIP_ABOVE = 256 * 1024
 
 
 class PublishError(Exception):
@@ -61,18 +65,32 @@ def finished_runs(sweep: Path) -> dict[str, Path]:
 
 
 def copy_runs(runs: dict[str, Path], page: Path) -> int:
-    """Copy each run's result files to PAGE/runs/<cell id>/; returns how many cells were new or changed."""
+    """Copy each run's result files to PAGE/runs/<cell id>/ (predictions over ``GZIP_ABOVE`` bytes gzipped);
+    returns how many cells were new or changed."""
     changed = 0
     for cell, run in runs.items():
         target = page / RUNS / cell
         files = [run / name for name in COPIED if (run / name).is_file()]
-        if all((target / f.name).is_file() and (target / f.name).read_bytes() == f.read_bytes() for f in files):
+        if all(published(target, f) == f.read_bytes() for f in files):
             continue
         target.mkdir(parents=True, exist_ok=True)
         for f in files:
-            atomic_save(target / f.name, lambda tmp, f=f: shutil.copyfile(f, tmp))
+            if f.name != "result.json" and f.stat().st_size > GZIP_ABOVE:
+                data = gzip.compress(f.read_bytes(), compresslevel=9, mtime=0)    # the same bytes every time
+                atomic_save(target / (f.name + ".gz"), lambda tmp, data=data: Path(tmp).write_bytes(data))
+            else:
+                atomic_save(target / f.name, lambda tmp, f=f: shutil.copyfile(f, tmp))
         changed += 1
     return changed
+
+
+def published(target: Path, source: Path) -> bytes | None:
+    """The bytes published for ``source`` in ``target`` (decompressed when kept gzipped), or None."""
+    if (target / source.name).is_file():
+        return (target / source.name).read_bytes()
+    if (target / (source.name + ".gz")).is_file():
+        return gzip.decompress((target / (source.name + ".gz")).read_bytes())
+    return None
 
 
 def compare(runs: Path, *options: str) -> str:

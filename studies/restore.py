@@ -5,7 +5,8 @@ where the published files end (a study of several sittings on machines that keep
     python studies/restore.py docs/studies/cpu/v2 results/studies/cpu-v2        (run from the repository root)
     posbench sweep studies/cpu.toml --out results/studies/cpu-v2 --jobs 2       (skips every restored cell)
 
-Each ``PAGE/runs/<cell id>/`` (what studies/publish.py copied: ``result.json``, ``predictions.jsonl``) becomes
+Each ``PAGE/runs/<cell id>/`` (what studies/publish.py copied: ``result.json``, ``predictions.jsonl`` or its
+``.gz``) becomes
 ``OUT/cells/<cell id>/<task>/<encoding>/<run id>/`` with those files and the run's ``config.json`` (its recorded
 configuration), which is what the sweep reads as a finished cell. A cell that already holds a finished run is
 left alone; nothing is overwritten.
@@ -13,6 +14,7 @@ left alone; nothing is overwritten.
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -39,6 +41,9 @@ def restore(page: Path, out: Path) -> list[str]:
         for name in COPIED[1:]:
             if (result.parent / name).is_file():
                 atomic_write_text(run_dir / name, (result.parent / name).read_text())
+            elif (result.parent / (name + ".gz")).is_file():           # publish.py gzips large predictions
+                text = gzip.decompress((result.parent / (name + ".gz")).read_bytes()).decode("utf-8")
+                atomic_write_text(run_dir / name, text)
         atomic_write_text(run_dir / "result.json", result.read_text())     # last: the cell counts as finished
         restored.append(cell)
     return restored

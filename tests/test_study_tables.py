@@ -108,6 +108,38 @@ def test_publish_copies_finished_cells_once_and_leaves_checkpoints(tmp_path):
     assert (page / "report.html").is_file() and any((page / "figures").glob("*.png"))
 
 
+def test_large_predictions_are_published_gzipped_and_read_back_alike(tmp_path, monkeypatch):
+    """Over GZIP_ABOVE bytes, predictions.jsonl is kept as predictions.jsonl.gz (the same bytes decompressed, the same
+    file every time); compare pairs examples from it as from the plain file, and restore.py writes the plain file
+    back."""
+    import gzip
+
+    import restore  # noqa: E402  (a script of studies/)
+
+    monkeypatch.setattr(publish, "GZIP_ABOVE", 10)
+    cells = ["passkey-rope-tiny-s0", "passkey-alibi-tiny-s0", "passkey-rope-tiny-s1", "passkey-alibi-tiny-s1"]
+    sweep = fake_sweep(tmp_path / "sweep", cells, [])
+    page = tmp_path / "page"
+    assert publish.copy_runs(publish.finished_runs(sweep), page) == 4
+    for cell in cells:
+        kept = page / "runs" / cell / "predictions.jsonl.gz"
+        assert not (page / "runs" / cell / "predictions.jsonl").exists()
+        assert gzip.decompress(kept.read_bytes()) == (FIXTURE / "runs" / cell / "predictions.jsonl").read_bytes()
+    first = (page / "runs" / cells[0] / "predictions.jsonl.gz").read_bytes()
+    assert publish.copy_runs(publish.finished_runs(sweep), page) == 0       # nothing changed: nothing rewritten
+    assert (page / "runs" / cells[0] / "predictions.jsonl.gz").read_bytes() == first
+    plain = tmp_path / "plain"
+    for cell in cells:
+        shutil.copytree(FIXTURE / "runs" / cell, plain / cell)
+    assert publish.compare(page / "runs", "--against", "rope", "--format", "markdown") == \
+        publish.compare(plain, "--against", "rope", "--format", "markdown")
+    assert "examples" in publish.compare(page / "runs", "--against", "rope", "--format", "markdown")
+    out = tmp_path / "out"
+    restore.restore(page, out)
+    for cell, run in publish.finished_runs(out).items():
+        assert (run / "predictions.jsonl").read_bytes() == (FIXTURE / "runs" / cell / "predictions.jsonl").read_bytes()
+
+
 def test_publish_errors_are_one_line(tmp_path, capsys):
     assert publish.main([str(tmp_path), str(tmp_path / "page")]) == 2
     err = capsys.readouterr().err

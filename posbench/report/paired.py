@@ -43,6 +43,8 @@ def _load_scores(run: RunRecord) -> ExampleScores | None:
 
     path = Path(str(run.path)) / str(run.predictions or PREDICTIONS_FILE)
     if not path.is_file():
+        path = path.with_name(path.name + ".gz")          # as studies/publish.py keeps large predictions
+    if not path.is_file():
         return None
     try:
         task = TASKS.get(str(run.task))
