@@ -9,7 +9,8 @@ From every cell of the sweep's output (``OUT/cells/<cell id>/``) whose run finis
 to ``PAGE/runs/<cell id>/``; checkpoints stay behind. Then, over ``PAGE/runs`` only:
 
     PAGE/tables.md      exactly what ``posbench compare PAGE/runs --against rope --format markdown`` prints,
-                        then the same ``--against alibi`` (the papers of KERPLE, Sandwich, DAPE compare to ALiBi)
+                        then the same ``--against alibi`` (the papers of KERPLE, Sandwich, DAPE compare to ALiBi);
+                        while neither has run, ``## Against none`` and compare's tables without differences
     PAGE/figures/       ``--plots``
     PAGE/report.html    ``--html``
     PAGE/plateau.md     per cell, whether its training loss (or, for a cell with a probe, its probed
@@ -110,6 +111,8 @@ def encodings(runs: Path) -> set[str]:
 def tables(runs: Path) -> str:
     """The page's tables: compare's markdown with every encoding's paired difference to each baseline it has."""
     present = encodings(runs)
+    if not any(name in present for name in AGAINST):       # no baseline has run yet: the tables alone
+        return "## Against none\n\n" + compare(runs, "--format", "markdown") + "\n"
     return "".join(f"## Against {name}\n\n" + compare(runs, "--against", name, "--format", "markdown") + "\n"
                    for name in AGAINST if name in present)
 

@@ -3,8 +3,9 @@ RUNS --against rope --format markdown`` prints over the committed result files (
 both). And studies/publish.py copies a sweep's finished cells, only those, once.
 
 Pages checked: the tiny study in tests/fixtures/study/ (2 encodings x 2 seeds x perplexity and passkey, tiny
-presets), and the CPU study's two versions in docs/studies/cpu/v1/ (issue 27) and docs/studies/cpu/v2/ (issue 34,
-its page docs/studies/cpu.md). When compare's output changes on purpose, rewrite
+presets), the CPU study's two versions in docs/studies/cpu/v1/ (issue 27) and docs/studies/cpu/v2/ (issue 34,
+its page docs/studies/cpu.md), and the arithmetic study in docs/studies/arithmetic/ (issue 38, its page
+docs/studies/arithmetic.md). When compare's output changes on purpose, rewrite
 them: ``python studies/publish.py results/studies/fixture tests/fixtures/study`` after its sweep (the command
 is in its study.toml), or over the committed runs alone with ``write_page`` below.
 """
@@ -28,19 +29,22 @@ import publish  # noqa: E402  (a script of studies/, not a package)
 FIXTURE = ROOT / "tests" / "fixtures" / "study"
 CPU = ROOT / "docs" / "studies" / "cpu"
 CPU_V1, CPU_V2 = CPU / "v1", CPU / "v2"
-#: each published CPU study's folder and its page
-PAGES = {"cpu-v1": (CPU_V1, CPU / "v1.md"), "cpu-v2": (CPU_V2, ROOT / "docs" / "studies" / "cpu.md")}
-#: how many tables each page quotes at least (version 2 quotes more as its cells finish)
-QUOTES = {"cpu-v1": 3, "cpu-v2": 1}
+ARITHMETIC = ROOT / "docs" / "studies" / "arithmetic"
+#: each published study's folder and its page
+PAGES = {"cpu-v1": (CPU_V1, CPU / "v1.md"), "cpu-v2": (CPU_V2, ROOT / "docs" / "studies" / "cpu.md"),
+         "arithmetic": (ARITHMETIC, ROOT / "docs" / "studies" / "arithmetic.md")}
+#: how many tables each page quotes at least (a study in progress quotes more as its cells finish)
+QUOTES = {"cpu-v1": 3, "cpu-v2": 1, "arithmetic": 1}
 
 
-@pytest.mark.parametrize("page", [FIXTURE, CPU_V1, CPU_V2], ids=["fixture", "cpu-v1", "cpu-v2"])
+@pytest.mark.parametrize("page", [FIXTURE, CPU_V1, CPU_V2, ARITHMETIC],
+                         ids=["fixture", "cpu-v1", "cpu-v2", "arithmetic"])
 def test_committed_tables_are_what_compare_prints(page):
     assert (page / publish.RUNS).is_dir(), f"{page} has no committed runs"
     assert publish.tables(page / publish.RUNS) == (page / publish.TABLES).read_text()
 
 
-@pytest.mark.parametrize("page", [FIXTURE, CPU_V2], ids=["fixture", "cpu-v2"])
+@pytest.mark.parametrize("page", [FIXTURE, CPU_V2, ARITHMETIC], ids=["fixture", "cpu-v2", "arithmetic"])
 def test_committed_plateau_verdicts_are_the_rule_over_the_runs(page):
     assert publish.plateaus(page / publish.RUNS) == (page / publish.PLATEAU).read_text()
 
@@ -146,15 +150,15 @@ def test_publish_errors_are_one_line(tmp_path, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and "cells/" in err
 
 
-@pytest.mark.parametrize("study", ["cpu.toml", "cpu-v1.toml"])
-def test_the_cpu_study_file_plans_every_cell(study):
-    """The CPU study files are valid sweep studies: 12 encodings x 2 tasks x 3 seeds, every cell's settings
-    checked."""
+@pytest.mark.parametrize("study, cells", [("cpu.toml", 72), ("cpu-v1.toml", 72), ("arithmetic-cpu.toml", 39)])
+def test_the_cpu_study_file_plans_every_cell(study, cells):
+    """The CPU study files are valid sweep studies: 12 encodings x 2 tasks x 3 seeds (arithmetic: 13 x 1 x 3), every
+    cell's settings checked."""
     proc = subprocess.run([sys.executable, "-m", "posbench", "sweep", str(ROOT / "studies" / study),
                            "--dry-run", "--jobs", "2", "--out", "/nonexistent/posbench-plan-only"],
                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
-    assert "plan: 72 cells" in proc.stdout
+    assert f"plan: {cells} cells" in proc.stdout
 
 
 def test_restore_puts_published_cells_back_where_a_sweep_finds_them_finished(tmp_path):

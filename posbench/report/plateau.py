@@ -93,7 +93,7 @@ def probe_plateau_table(records: dict[str, dict[str, Any]]) -> str:
             continue
         verdict = "yes" if found.stopped else "**no**"
         lines.append(f"| {cell} | {name} | {found.steps} | {len(history)} | {found.earlier:.1f} | {found.last:.1f} | "
-                     f"{-found.drop:+.1f} | {verdict} |")
+                     f"{0.0 - found.drop:+.1f} | {verdict} |")
     return "\n".join(lines) + "\n"
 
 
