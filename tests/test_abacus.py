@@ -211,8 +211,35 @@ def test_options_are_checked():
         ENCODINGS["abacus"].resolve({"digit_ids": [4, 5, 6]})
     with pytest.raises(OptionError, match="10 distinct"):
         ENCODINGS["abacus"].resolve({"digit_ids": [4] * 10})
-    with pytest.raises(OptionError, match="max_k=-1 is out of range"):
-        ENCODINGS["abacus"].resolve({"digit_ids": DIGIT_IDS, "max_k": -1})
+    with pytest.raises(OptionError, match="max_k=-2 is out of range"):
+        ENCODINGS["abacus"].resolve({"digit_ids": DIGIT_IDS, "max_k": -2})
+
+
+@pytest.mark.parametrize("given, max_k", [
+    ({}, 99),                                            # no lengths from the task: the release's 99
+    ({"number_digits": [6, 11]}, 5),                     # 5 -> 10-digit operands: sums of 6 and 11 digits
+    ({"number_digits": [21, 121]}, 100),                 # the paper's 20 -> 120 digits: its k = 100
+    ({"number_digits": [6, 11], "max_k": 40}, 40),       # set: kept
+    ({"number_digits": [6, 6]}, 0),                      # nothing longer at evaluation: no offset
+])
+def test_the_default_offset_covers_the_longest_evaluated_number(given, max_k):
+    resolved = ENCODINGS["abacus"].resolve({"digit_ids": DIGIT_IDS, **given})
+    assert resolved["max_k"] == max_k
+    assert ENCODINGS["abacus"].resolve(resolved) == resolved            # resolving again changes nothing
+
+
+def test_the_arithmetic_task_gives_its_number_lengths():
+    from posbench.runs.config import resolve_run_config
+
+    from posbench.tasks import TASKS
+
+    for sets, max_k in ((["task.train_digits=5", "task.eval_digits=0"], 5),       # 0: twice the training's
+                        (["task.train_digits=5", "task.eval_digits=20"], 15),
+                        (["task.train_digits=3", "encoding.max_k=99"], 99)):
+        config = resolve_run_config("arithmetic", "abacus", "tiny", sets=sets)
+        assert config.encoding_options["max_k"] == max_k
+        model = Transformer(TASKS["arithmetic"](config).model_config())
+        assert model.encoding.table.num_embeddings == max_k + model.config.max_seq_len + 1
 
 
 # ---- inside the model -------------------------------------------------------------------------------------
@@ -276,7 +303,7 @@ def test_the_task_gives_the_digit_ids_not_set(tmp_path, capsys):
                  "--set", "encoding.max_k=-2"])
     err = capsys.readouterr().err
     assert code == 2 and err.strip() == ("error: encoding 'abacus' option max_k=-2 is out of range: it must be "
-                                         ">= 0")
+                                         ">= -1")
     assert not out.exists()
 
 

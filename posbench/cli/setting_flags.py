@@ -46,9 +46,8 @@ def declarations(task_name: str, encodings: Iterable[str] = ()) -> dict[str, tup
             if not getattr(option, "from_task", False):
                 found.setdefault(key.replace("_", "-"), (section, option))
     for name, cls in encoding_classes(task_name, encodings).items():
-        given_by_task = set(getattr(cls, "task_context", ()))
         for key, option in declared(cls).items():
-            if key not in given_by_task:
+            if not getattr(option, "from_task", False):         # what the task gives is no flag
                 found.setdefault(key.replace("_", "-"), ("encoding", option))
                 found[f"{name}-{key}".replace("_", "-")] = (ONE_ENCODING + name, option)
     return found

@@ -25,9 +25,16 @@ left in the cache's ``memory`` (and, while training, each row's offset k), so a 
 the number it extends: cached decoding equals recomputation.
 
 Choices the paper leaves open, and where we differ from the released code:
-- ``max_k`` (default 99) is the largest offset: k ~ U{0..max_k}, as the released code's
-  ``random.randint(0, max_k)`` with its default max_k = 99 ("99 as we add it on after", its comment says),
-  so the first digit of a training number sits at 1..100: the paper's k = 100. Range >= 0.
+- ``max_k`` is the largest offset: k ~ U{0..max_k}. The released code's ``random.randint(0, max_k)`` with its
+  max_k = 99 ("99 as we add it on after", its comment says) puts the first digit of a training number at 1..100:
+  the paper's k = 100, chosen so that the rows read by numbers of up to 100+ digits (the paper's test lengths,
+  after training on 20) have been trained. The rule, not the number, is the method: by default (``max_k = -1``)
+  the offset is the least that covers the task's longest number at evaluation, its digits minus the training's
+  longest (``number_digits``, which the task gives: the arithmetic task's sums, ``[train_digits + 1,
+  eval_digits + 1]``, so 5 for 5 -> 10-digit operands), and the release's 99 where the task gives no lengths.
+  An offset range far wider than the evaluation needs spreads the training of short numbers over rows no test
+  reads: at 5-digit training (4,000 steps, 4 x 64) max_k = 99 left Abacus at 5% in distribution
+  (docs/studies/arithmetic.md). The resolved value is what a run records. Range >= 0, or -1.
 - ``per_example`` (default False): the paper does not say whether k is drawn per example or per batch; the
   released code draws ONE k per forward pass (Python ``random.randint``) shared by the whole batch, and so do
   we by default (with torch's generator on the tokens' device: no Python ``random``, no host sync, no graph
@@ -42,6 +49,8 @@ Choices the paper leaves open, and where we differ from the released code:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -49,6 +58,16 @@ from posbench.encodings.base import PositionalEncoding
 from posbench.options import Each, Option, OptionError, at_least
 
 RUN, OFFSET = "abacus.run", "abacus.offset"     # keys of this encoding's entries in a KV cache's memory
+RELEASED_MAX_K = 99                             # mcleish7/arithmetic: random.randint(0, 99), the paper's k = 100
+
+
+def covering_offset(number_digits: list[int]) -> int:
+    """The least ``max_k`` whose trained rows cover the longest number at evaluation: its digits minus the
+    training's longest (``[train, eval]``, as the task gives them); the release's 99 without them."""
+    if len(number_digits) != 2:
+        return RELEASED_MAX_K
+    train, evaluation = number_digits
+    return max(0, int(evaluation) - int(train))
 
 
 class Abacus(PositionalEncoding):
@@ -56,11 +75,22 @@ class Abacus(PositionalEncoding):
     description = "learned embedding of each digit's place in its number, random offset in training (arithmetic)"
     OPTIONS = {
         "digit_ids": Option([], "the token ids of the digits 0-9", Each(at_least(0), min_items=0), from_task=True),
-        "max_k": Option(99, "the largest random offset k ~ U{0..max_k} added while training (the paper's 100)",
-                        at_least(0)),
+        "max_k": Option(-1, "the largest random offset k ~ U{0..max_k} added while training; -1: the least that "
+                            "covers the task's longest number at evaluation (the release's 99 where the task gives "
+                            "no lengths)", at_least(-1)),
+        "number_digits": Option([], "the longest number in training and at evaluation, in digits (the task gives "
+                                    "them)", Each(at_least(1), min_items=0), from_task=True, task_optional=True),
         "max_digits": Option(0, "table rows for numbers of up to this many digits (0: max_seq_len)", at_least(0)),
         "per_example": Option(False, "draw k once per example (default: once per batch, as the released code)"),
     }
+
+    @classmethod
+    def resolve(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """The options, with ``max_k = -1`` made the offset it stands for (recorded so, and read by the model)."""
+        options = super().resolve(given)
+        if options["max_k"] == -1:
+            options["max_k"] = covering_offset(options["number_digits"])
+        return options
 
     @classmethod
     def check_options(cls, options) -> None:

@@ -204,8 +204,14 @@ class Arithmetic(Task):
 
     @classmethod
     def encoding_context(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """The character tokenizer's ids of the digits 0-9 (Abacus embeddings count them)."""
-        return {"digit_ids": [TOKENIZER.id_of(str(d)) for d in range(10)]}
+        """The character tokenizer's ids of the digits 0-9 (Abacus embeddings count them); the longest number in
+        training and at evaluation (the sums: one digit more than the operands), which Abacus's offset range
+        covers; and the longest evaluated sequence over the training one (RandPE's sampling range covers it)."""
+        train = options["train_digits"]
+        evaluation = options["eval_digits"] or 2 * train
+        return {"digit_ids": [TOKENIZER.id_of(str(d)) for d in range(10)],
+                "number_digits": [train + 1, evaluation + 1],
+                "eval_length_factor": sequence_length(evaluation) / sequence_length(train)}
 
     @property
     def eval_digits(self) -> int:
