@@ -79,8 +79,10 @@ def copy_runs(runs: dict[str, Path], page: Path) -> int:
             if f.name != "result.json" and f.stat().st_size > GZIP_ABOVE:
                 data = gzip.compress(f.read_bytes(), compresslevel=9, mtime=0)    # the same bytes every time
                 atomic_save(target / (f.name + ".gz"), lambda tmp, data=data: Path(tmp).write_bytes(data))
+                (target / f.name).unlink(missing_ok=True)          # never two forms (readers take the plain)
             else:
                 atomic_save(target / f.name, lambda tmp, f=f: shutil.copyfile(f, tmp))
+                (target / (f.name + ".gz")).unlink(missing_ok=True)
         changed += 1
     return changed
 

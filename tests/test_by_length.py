@@ -58,3 +58,25 @@ def test_no_table_for_a_grid_of_two_different_quantities(tmp_path):
     passkey["accuracy"]["meta"]["train_max"] = {"length": 2, "depth": 1.0}
     make_run(tmp_path, "passkey", "rope", 0, {"accuracy": 1.0}, grids=passkey)
     assert [t.kind for t in report.collect(tmp_path).tables] == ["metrics"]
+
+
+def test_rows_trained_to_other_lengths_get_a_table_of_their_own(tmp_path):
+    make_run(tmp_path, "arithmetic", "rope", 0, {"accuracy": 1.0}, grids=grid(VALUES, train=2),
+             task_options={"train_digits": 2})
+    make_run(tmp_path, "arithmetic", "alibi", 0, {"accuracy": 1.0}, grids=grid(VALUES, train=3),
+             task_options={"train_digits": 3})
+    derived = [t for t in report.collect(tmp_path).tables if t.kind == "by_length"]
+    assert sorted(t.columns for t in derived) == [["<= 2", "3", "4"], ["<= 3", "4"]]
+    three = next(t for t in derived if t.columns == ["<= 3", "4"])
+    (row,) = three.rows
+    assert row.encoding == "alibi" and "(trained to 3)" in three.heading
+    assert row.cells["<= 3"].value == pytest.approx((100 + 90 + 30 + 80 + 70 + 20 + 10 + 40 + 60) / 9)
+
+
+def test_a_length_whose_cells_are_all_missing_has_no_value():
+    from posbench.report.by_length import by_longer_axis
+
+    values = [[100, None], [None, None]]
+    found = by_longer_axis({"axes": [{"name": "len_a", "values": [1, 2]}, {"name": "len_b", "values": [1, 2]}],
+                            "values": values, "meta": {"train_max": {"len_a": 1, "len_b": 1}}})
+    assert found == {"<= 1": 100.0}

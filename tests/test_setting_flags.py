@@ -96,8 +96,8 @@ def test_every_option_of_every_encoding_is_a_flag_of_its_run():
                 assert f"{name}-{key}".replace("_", "-") not in known
                 continue
             assert known[f"{name}-{key}".replace("_", "-")] == (f"encoding:{name}", option)   # the one declaration
-            section, _ = known[key.replace("_", "-")]
-            assert section in ("encoding", "task", "train", "model")  # unprefixed unless another section has it
+            section, owner = known[key.replace("_", "-")]
+            assert (section == "encoding") == (owner is option)      # the plain name: this option, or another's
 
 
 def run_dry(capsys, *argv) -> list[dict]:
@@ -122,6 +122,17 @@ def test_encoding_flags_set_the_encodings_that_declare_them(capsys):
     assert fire["train"]["eps"] == 1e-5 and fire["encoding_options"]["eps"] == 0.5
     (rope,) = run_dry(capsys, "-e", "rope", "--theta", "77", "--set", "encoding.theta=88")
     assert rope["encoding_options"]["theta"] == 88                           # --set wins, as for every flag
+
+
+def test_a_name_two_chosen_encodings_read_differently_is_no_plain_flag(capsys):
+    # DAPE's fire_init_l is --fire-init-l alone, and --dape-fire-init-l once FIRE (whose init_l is --fire-init-l)
+    # is chosen too: the flag never changes its meaning silently
+    (dape,) = run_dry(capsys, "-e", "dape", "--fire-init-l", "32")
+    assert dape["encoding_options"]["fire_init_l"] == 32
+    dape, fire = run_dry(capsys, "-e", "dape,fire", "--fire-init-l", "32", "--dape-fire-init-l", "16")
+    assert (dape["encoding_options"]["fire_init_l"], fire["encoding_options"]["init_l"]) == (16, 32)
+    known = declarations("arithmetic", ["dape", "sandwich"])              # base: a name in DAPE, a number in Sandwich
+    assert "base" not in known and known["dape-base"][0] == "encoding:dape"
 
 
 @pytest.mark.parametrize("argv, expected", [

@@ -142,6 +142,12 @@ def test_large_predictions_are_published_gzipped_and_read_back_alike(tmp_path, m
     restore.restore(page, out)
     for cell, run in publish.finished_runs(out).items():
         assert (run / "predictions.jsonl").read_bytes() == (FIXTURE / "runs" / cell / "predictions.jsonl").read_bytes()
+    monkeypatch.setattr(publish, "GZIP_ABOVE", 10 ** 9)                  # published plain again: one form only
+    (sweep / "cells" / cells[0]).rename(tmp_path / "moved")
+    fake_sweep(tmp_path / "sweep", [cells[0]], [])
+    next((sweep / "cells" / cells[0]).rglob("predictions.jsonl")).write_text('{"changed": 1}\n')
+    assert publish.copy_runs(publish.finished_runs(sweep), page) == 1
+    assert sorted(p.name for p in (page / "runs" / cells[0]).iterdir()) == ["predictions.jsonl", "result.json"]
 
 
 def test_publish_errors_are_one_line(tmp_path, capsys):

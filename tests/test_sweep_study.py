@@ -171,7 +171,7 @@ def test_slurm_options_from_the_study_and_the_command_line():
     # SLURM's day forms: D-HH, D-HH:MM (the hours after the dash, not minutes), and no negative time
     assert minutes("2-5", "x") == 2 * 1440 + 300 and minutes("1-2:30", "x") == 1440 + 150
     assert minutes("0:0:59", "x") == 1
-    for bad in ("-5", "5-", "1:2:3:4", "a", "0", "1--2", " "):
+    for bad in ("-5", "5-", "1:2:3:4", "a", "0", "1--2", " ", "\u00b2"):          # a superscript two is no digit
         with pytest.raises(SlurmError):
             minutes(bad, "x")
     for bad in ({"time": "soon"}, {"gpus_per_cell": -1}, {"cpus_per_cell": 0}, {"partition": 3}):

@@ -148,8 +148,9 @@ def encoding_detail(name: str) -> list[RenderableType]:
 
     cls = ENCODINGS.get(name)
     return detail("encoding", cls, [("origin", f"{ENCODINGS.origin(name)}, {cls.__module__}.{cls.__qualname__}"),
-                                    ("set with", f"--KEY VALUE or --{name}-KEY VALUE (run's flags), --set encoding.KEY=VALUE, or "
-                                                 "ModelConfig(encoding_options=...)")])
+                                    ("set with", f"--{name}-KEY VALUE (run's flag; --KEY too where no task, train or model "
+                                                 f"setting has the name: --eps is AdamW's), --set encoding.KEY=VALUE, "
+                                                 "or ModelConfig(encoding_options=...)")])
 
 
 def task_detail(name: str) -> list[RenderableType]:

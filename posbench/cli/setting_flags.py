@@ -32,7 +32,11 @@ ONE_ENCODING = "encoding:"
 
 def declarations(task_name: str, encodings: Iterable[str] = ()) -> dict[str, tuple[str, Any]]:
     """Flag name (dashes) -> (section, its ``Option``), for a run of task ``task_name`` with ``encodings`` (names
-    of the task's registry: encodings, or extend's methods; an unknown name is left to the run to refuse)."""
+    of the task's registry: encodings, or extend's methods; an unknown name is refused by the registry, in one
+    line). An encoding's option is always ``--NAME-KEY``; it is also ``--KEY`` unless that name is taken (a task,
+    train or model setting, or another encoding's ``--NAME-KEY``: DAPE's ``fire_init_l`` is ``--dape-fire-init-l``
+    when FIRE is chosen too) or the chosen encodings that declare it give it different types (DAPE's ``base`` is
+    a name, Sandwich's a number)."""
     from posbench.options import declared
     from posbench.tasks import TASKS
     from posbench.train.config import TrainConfig
@@ -45,11 +49,18 @@ def declarations(task_name: str, encodings: Iterable[str] = ()) -> dict[str, tup
         for key, option in owners[section].items():
             if not getattr(option, "from_task", False):
                 found.setdefault(key.replace("_", "-"), (section, option))
-    for name, cls in encoding_classes(task_name, encodings).items():
-        for key, option in declared(cls).items():
-            if not getattr(option, "from_task", False):         # what the task gives is no flag
-                found.setdefault(key.replace("_", "-"), ("encoding", option))
-                found[f"{name}-{key}".replace("_", "-")] = (ONE_ENCODING + name, option)
+    chosen = {name: {key: option for key, option in declared(cls).items()
+                     if not getattr(option, "from_task", False)}          # what the task gives is no flag
+              for name, cls in encoding_classes(task_name, encodings).items()}
+    for name, options in chosen.items():
+        for key, option in options.items():
+            found[f"{name}-{key}".replace("_", "-")] = (ONE_ENCODING + name, option)
+    for name, options in chosen.items():
+        for key, option in options.items():
+            flag = key.replace("_", "-")
+            kinds = {type(o[key].default) for o in chosen.values() if key in o}
+            if flag not in found and len(kinds) == 1:     # one meaning: no other setting's name, one type
+                found[flag] = ("encoding", option)
     return found
 
 

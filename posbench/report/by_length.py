@@ -35,51 +35,71 @@ def bounded_grid(run: Any) -> tuple[str, dict[str, Any]] | None:
 
 def by_longer_axis(grid: dict[str, Any]) -> dict[str, float]:
     """Column label -> the mean of the grid's cells at that length of the longer axis (the trained region pooled
-    into one column, ``<= T``)."""
-    (ya, xa), bounds = grid["axes"], grid["meta"]["train_max"]
+    into one column, ``<= T``); a column without a value (every cell missing) is left out."""
+    ya, bounds = grid["axes"][0], grid["meta"]["train_max"]          # both axes alike (``bounded_grid``)
     values = np.array([[np.nan if v is None else v for v in row] for row in grid["values"]], dtype=float)
+    lengths = np.array(ya["values"])
     trained = bounds[ya["name"]]
-    longer = np.maximum.outer(np.array(ya["values"]), np.array(xa["values"]))
-    inside = (np.array(ya["values"])[:, None] <= bounds[ya["name"]]) & \
-        (np.array(xa["values"])[None, :] <= bounds[xa["name"]])
-    out = {f"<= {trained}": float(np.nanmean(values[inside]))}
-    for length in sorted({int(v) for v in longer[~inside].ravel()}):
-        out[str(length)] = float(np.nanmean(values[(longer == length) & ~inside]))
+    longer = np.maximum.outer(lengths, lengths)
+    inside = longer <= trained
+    columns = [(f"<= {trained}", inside)] + [(str(int(n)), (longer == n) & ~inside)
+                                             for n in sorted({int(v) for v in longer[~inside].ravel()})]
+    out = {}
+    for label, where in columns:
+        cells = values[where]
+        if np.isfinite(cells).any():
+            out[label] = float(np.nanmean(cells))
     return out
 
 
-def by_length_table(table: TaskTable) -> TaskTable | None:
-    """The by-length table of a task's table (its rows and their runs), or None when its runs have no bounded
-    two-axis grid."""
-    found = [(row, [bounded_grid(run) for run in row.runs]) for row in table.rows]
-    named = {g[0] for _, grids in found for g in grids if g is not None}
-    if len(named) != 1:
-        return None
-    name = named.pop()
-    rows, columns = [], []
+def shape(grid: dict[str, Any]) -> tuple:
+    """What makes two grids' columns the same: the axis values and the trained maximum."""
+    axis = grid["axes"][0]
+    return tuple(axis["values"]), grid["meta"]["train_max"][axis["name"]]
+
+
+def by_length_tables(table: TaskTable) -> list[TaskTable]:
+    """The by-length tables of a task's table: one per kind of grid its rows have (the same lengths and the same
+    trained maximum; runs trained to other lengths get a table of their own), none without such grids."""
+    found = []
+    for row in table.rows:
+        grids = [g for g in (bounded_grid(run) for run in row.runs) if g is not None]
+        if grids:
+            found.append((row, grids))
+    names = {name for _, grids in found for name, _ in grids}
+    if len(names) != 1:
+        return []
+    name = names.pop()
+    groups: dict[tuple, list[tuple[Row, list[dict[str, Any]]]]] = {}
     for row, grids in found:
-        per_run = [by_longer_axis(g[1]) for g in grids if g is not None and g[0] == name]
-        if not per_run:
-            continue
-        for column in per_run[0]:
-            if column not in columns:
-                columns.append(column)
-        cells = {c: seed_cell([r[c] for r in per_run if c in r]) for c in per_run[0]}
+        first = shape(grids[0][1])
+        groups.setdefault(first, []).append((row, [g for _, g in grids if shape(g) == first]))
+    return [by_length_table(table, name, items, several=len(groups) > 1) for items in groups.values()]
+
+
+def by_length_table(table: TaskTable, name: str, items: list[tuple[Row, list[dict[str, Any]]]],
+                    several: bool = False) -> TaskTable:
+    rows, columns = [], []
+    for row, grids in items:
+        per_run = [by_longer_axis(g) for g in grids]
+        for run_columns in per_run:
+            columns += [c for c in run_columns if c not in columns]
+        cells = {c: seed_cell([r[c] for r in per_run if c in r]) for c in columns}
         rows.append(Row(row.label, row.encoding, row.run_id, row.path, row.seed, cells, row.train_s, row.runs,
                         row.settings))
-    if not rows:
-        return None
     for row in rows:
         for column in columns:
             row.cells.setdefault(column, Cell(None))
     hib = {c: True for c in columns}
-    axis_names = ", ".join(a["name"] for a in next(g for _, gs in found for g in gs if g is not None)[1]["axes"])
-    derived = TaskTable(table.task, None, columns, hib, rows, title=f"{table.heading}: {name} by the longer length, max({axis_names})",
-                        grouped=table.grouped, kind="by_length", row_header=table.row_header)
-    first = columns[0]
-    derived.notes.append(f"mean of the grid's cells whose longer length is the column's; {first}: every cell inside "
-                         f"the training region (in distribution)" + ("; ± is the 95% interval over seeds"
-                                                                      if any(len(r.runs) > 1 for r in rows) else ""))
+    axes = items[0][1][0]["axes"]
+    trained = f" (trained to {shape(items[0][1][0])[1]})" if several else ""
+    derived = TaskTable(table.task, None, columns, hib, rows, grouped=table.grouped, kind="by_length",
+                        title=f"{table.heading}: {name} by the longer length, "
+                              f"max({', '.join(a['name'] for a in axes)}){trained}", row_header=table.row_header)
+    derived.notes.append(f"mean of the grid's cells whose longer length is the column's; {columns[0]}: every cell "
+                         f"inside the training region (in distribution)" + ("; ± is the 95% interval over seeds"
+                                                                            if any(len(r.runs) > 1 for r in rows)
+                                                                            else ""))
     if mark_best(rows, columns, hib):
         derived.notes.append(RULE)
     return derived

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from posbench.report import grouping
 from posbench.report.bench import bench_table
-from posbench.report.by_length import by_length_table
+from posbench.report.by_length import by_length_tables
 from posbench.report.structure import Report
 from posbench.report.by_model import models_table
 from posbench.report.paired import add_differences, forget_scores
@@ -36,8 +36,6 @@ def collect(root: Path | str, task: str | None = None, *, by_run: bool = False, 
         if against is not None:
             add_differences(table, against)
         tables.append(table)
-        derived = by_length_table(table)
-        if derived is not None:
-            tables.append(derived)
+        tables += by_length_tables(table)
     tables += [bench_table(run) for run in runs if run.bench is not None]
     return Report(tables, problems)

@@ -85,7 +85,7 @@ def minutes(value: Any, where: str) -> int:
         if not dash:
             days, clock = "", days
         parts = [days] * bool(dash) + clock.split(":")
-        if all(p.isdigit() for p in parts) and len(clock.split(":")) <= 3:
+        if all(p.isascii() and p.isdigit() for p in parts) and len(clock.split(":")) <= 3:
             numbers = [int(p) for p in clock.split(":")]
             if dash:                                      # D-HH[:MM[:SS]]
                 h, m, s = (numbers + [0, 0])[:3]

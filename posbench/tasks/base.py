@@ -190,7 +190,8 @@ class Task(Configurable):
     probe: Callable[[nn.Module, torch.device], dict[str, float]] | None = None
     """Optional: a method ``probe(model, device) -> {name: value}``, a quick measure of the in-distribution metric
     (the arithmetic task: exact-match accuracy on operand lengths seen in training), run during training every
-    ``train.probe_every`` steps (recorded as ``training.probe_history``; ``posbench.report.plateau`` reads it)."""
+    ``train.probe_every`` steps (recorded as ``training.probe_history``). Each value is a percentage where higher
+    is better: ``posbench.report.plateau``'s probe rule (1 point, 99%) and the probe figures (0-100) read it so."""
 
     def evaluate(self, model: nn.Module, device: torch.device, reporter: Any, phases: dict[str, dict[str, Any]]):
         """Evaluate the trained model (in eval mode, under ``torch.no_grad``) -> ``Evaluation``; ``phases`` holds

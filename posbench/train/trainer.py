@@ -314,6 +314,7 @@ class Trainer:
                     self.flush()
                 bar.update(done, loss=self.result.final_loss, rate=f"{human(self.result.tokens_per_s)} tok/s")
                 if self._probe_due(done):          # before the checkpoint, which then holds this probe
+                    self.flush()                   # the loggers get the step's losses before its probe
                     self.run_probe(done)
                 if checkpoint_due:
                     saved = self.save(done)
