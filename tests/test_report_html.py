@@ -95,9 +95,11 @@ def test_the_html_report_opens_offline_in_a_browser_with_every_table_and_figure(
 
     assert console_errors == [] and page_errors == [] and outside == []
     assert broken == []
-    # arithmetic and perplexity: a metrics table and a difference table each; the bench run; provenance
-    assert tables == 6
-    assert [h.split(" ")[0] for h in headings] == ["arithmetic", "perplexity", "bench", "provenance"]
+    # arithmetic and perplexity: a metrics table and a difference table each, arithmetic's accuracy by length;
+    # the bench run; provenance
+    assert tables == 7
+    assert [h.split(" ")[0] for h in headings] == ["arithmetic", "arithmetic:", "perplexity", "bench", "provenance"]
+    assert "accuracy by the longer length, max(len_a, len_b)" in headings[1]
     # arithmetic: heatmaps and loss curves; perplexity: the curve and loss curves; bench: bars
     assert len(images) == 5 and all(i["complete"] and i["width"] > 0 and i["height"] > 0 for i in images)
     for needle in ("difference to rope", "posbench run -e tape", "abc123", "x86_64", "NVIDIA H100", "OOM",
