@@ -46,14 +46,18 @@ def plateau(history: list[tuple[int, float]] | list[list[Any]]) -> Plateau | Non
     points = [(int(step), float(loss)) for step, loss in history]
     if len(points) < 20:
         return None
-    width = max(2, int(round(WINDOW * len(points))))
-    last = [loss for _, loss in points[-width:]]
-    earlier = [loss for _, loss in points[-2 * width:-width]]
-    mean_last, mean_earlier = sum(last) / len(last), sum(earlier) / len(earlier)
+    mean_earlier, mean_last = window_means([loss for _, loss in points], WINDOW)
     if not (math.isfinite(mean_last) and math.isfinite(mean_earlier)):
         return Plateau(points[-1][0], mean_earlier, mean_last, False, diverged=True)
     return Plateau(points[-1][0], mean_earlier, mean_last,
                    mean_earlier - mean_last < max(REL * mean_earlier, ABS))
+
+
+def window_means(values: list[float], share: float) -> tuple[float, float]:
+    """The means of the window before the last and of the last window, each ``share`` of the values (at least 2)."""
+    width = max(2, int(round(share * len(values))))
+    last, earlier = values[-width:], values[-2 * width:-width]
+    return sum(earlier) / len(earlier), sum(last) / len(last)
 
 
 def probe_plateau(history: list[list[Any]], name: str) -> Plateau | None:
@@ -63,10 +67,7 @@ def probe_plateau(history: list[list[Any]], name: str) -> Plateau | None:
     points = [(int(step), float(values[name])) for step, values in history if name in values]
     if len(points) < MIN_PROBES:
         return None
-    width = max(2, int(round(PROBE_WINDOW * len(points))))
-    last = [v for _, v in points[-width:]]
-    earlier = [v for _, v in points[-2 * width:-width]]
-    mean_last, mean_earlier = sum(last) / len(last), sum(earlier) / len(earlier)
+    mean_earlier, mean_last = window_means([v for _, v in points], PROBE_WINDOW)
     return Plateau(points[-1][0], mean_earlier, mean_last,
                    mean_last - mean_earlier < PROBE_GAIN or mean_last >= CEILING)
 

@@ -131,7 +131,7 @@ class Trainer:
         self.probe = probe if cfg.probe_every > 0 else None
         if self.probe is not None and self.ctx.enabled and cfg.parallel == "fsdp":
             raise ConfigError("train.probe_every needs the whole model on one process: not with "
-                                               "train.parallel=fsdp")
+                              "train.parallel=fsdp")
         self.model, self.stream, self.cfg = model, stream, cfg
         self.device = torch.device(device)
         self.checkpoint_dir, self.loss_fn, self.callbacks = checkpoint_dir, loss_fn, list(callbacks)
