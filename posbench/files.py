@@ -127,6 +127,24 @@ def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
         os.fsync(fh.fileno())
 
 
+def plain_or_gzipped(path: Path) -> Path | None:
+    """``path`` when it is a file, else ``path.gz`` when that is (a published study keeps large predictions
+    gzipped, studies/publish.py), else None."""
+    path = Path(path)
+    gzipped = path.with_name(path.name + ".gz")
+    return path if path.is_file() else gzipped if gzipped.is_file() else None
+
+
+def read_unzipped(path: Path) -> bytes | None:
+    """The bytes of ``path``, or of ``path.gz`` decompressed (``plain_or_gzipped``); None when neither is."""
+    import gzip
+
+    found = plain_or_gzipped(path)
+    if found is None:
+        return None
+    return gzip.decompress(found.read_bytes()) if found != Path(path) else found.read_bytes()
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The JSON lines of ``path``; a ``.gz`` file is read through gzip (a published study's large predictions)."""
     import gzip

@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 
 from posbench.errors import UserError
-from posbench.files import atomic_save, atomic_write_text
+from posbench.files import atomic_save, atomic_write_text, read_unzipped
 
 AGAINST = ("rope", "alibi")      # the tables' baselines: the first is the figures' and the report's too
 TABLES, FIGURES, REPORT, RUNS, PLATEAU = "tables.md", "figures", "report.html", "runs", "plateau.md"
@@ -89,11 +89,7 @@ def copy_runs(runs: dict[str, Path], page: Path) -> int:
 
 def published(target: Path, source: Path) -> bytes | None:
     """The bytes published for ``source`` in ``target`` (decompressed when kept gzipped), or None."""
-    if (target / source.name).is_file():
-        return (target / source.name).read_bytes()
-    if (target / (source.name + ".gz")).is_file():
-        return gzip.decompress((target / (source.name + ".gz")).read_bytes())
-    return None
+    return read_unzipped(target / source.name)
 
 
 def compare(runs: Path, *options: str) -> str:

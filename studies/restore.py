@@ -14,12 +14,11 @@ left alone; nothing is overwritten.
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 from pathlib import Path
 
-from posbench.files import atomic_write_json, atomic_write_text
+from posbench.files import atomic_write_json, atomic_write_text, read_unzipped
 
 RUNS, COPIED = "runs", ("result.json", "predictions.jsonl")
 
@@ -39,11 +38,9 @@ def restore(page: Path, out: Path) -> list[str]:
         atomic_write_json(run_dir / "config.json", {"config": config, "created": record.get("created"),
                                                     "command": record.get("command") or []})
         for name in COPIED[1:]:
-            if (result.parent / name).is_file():
-                atomic_write_text(run_dir / name, (result.parent / name).read_text())
-            elif (result.parent / (name + ".gz")).is_file():           # publish.py gzips large predictions
-                text = gzip.decompress((result.parent / (name + ".gz")).read_bytes()).decode("utf-8")
-                atomic_write_text(run_dir / name, text)
+            data = read_unzipped(result.parent / name)                 # publish.py gzips large predictions
+            if data is not None:
+                atomic_write_text(run_dir / name, data.decode("utf-8"))
         atomic_write_text(run_dir / "result.json", result.read_text())     # last: the cell counts as finished
         restored.append(cell)
     return restored

@@ -18,7 +18,7 @@ from typing import Any
 from posbench.errors import UserError
 from posbench.report import grouping
 from posbench.report.structure import DifferenceRow, Row, TaskTable, num
-from posbench.files import read_jsonl
+from posbench.files import plain_or_gzipped, read_jsonl
 from posbench.runs.record import RunRecord
 from posbench.runs.store import PREDICTIONS_FILE
 from posbench.stats import ExampleScores, paired_difference
@@ -41,10 +41,8 @@ def example_scores(run: RunRecord) -> ExampleScores | None:
 def _load_scores(run: RunRecord) -> ExampleScores | None:
     from posbench.tasks import TASKS
 
-    path = Path(str(run.path)) / str(run.predictions or PREDICTIONS_FILE)
-    if not path.is_file():
-        path = path.with_name(path.name + ".gz")          # as studies/publish.py keeps large predictions
-    if not path.is_file():
+    path = plain_or_gzipped(Path(str(run.path)) / str(run.predictions or PREDICTIONS_FILE))
+    if path is None:
         return None
     try:
         task = TASKS.get(str(run.task))
