@@ -29,11 +29,13 @@ WITHOUT_PARAMETERS = ("rope", "alibi", "randpe", "xpos", "nope", "sandwich")
 
 
 def model(encoding: str, *, init_std: float = 0.02, seed: int = 0, layers: int = 16, d_model: int = 128,
-          heads: int = 4, max_seq_len: int = 256, **options) -> Transformer:
+          heads: int = 4, max_seq_len: int = 256, own: dict | None = None, **options) -> Transformer:
+    """``init_std``: the model's; ``own`` and ``options``: the encoding's options (``own`` for a name the model's
+    settings share: Abacus's ``init_std``)."""
     torch.manual_seed(seed)
     return Transformer(ModelConfig(vocab_size=64, encoding=encoding, d_model=d_model, n_layers=layers,
                                    n_heads=heads, max_seq_len=max_seq_len, init_std=init_std,
-                                   encoding_options={**task_context(encoding), **options}))
+                                   encoding_options={**task_context(encoding), **(own or {}), **options}))
 
 
 def pooled(m: Transformer, pattern: str) -> torch.Tensor:
@@ -59,8 +61,10 @@ def assert_uniform(x: torch.Tensor, low: float, high: float) -> None:
 @pytest.mark.parametrize("encoding", [e for e in BUILTIN if e not in WITHOUT_PARAMETERS])
 def test_the_models_init_never_reaches_an_encodings_parameters(encoding):
     """Built twice from one seed with the model's std 0.02 and 0.5: the encoding's parameters are the same (it owns
-    them), the model's own weights are not."""
-    a, b = model(encoding, layers=2, init_std=0.02), model(encoding, layers=2, init_std=0.5)
+    them), the model's own weights are not. (Abacus draws its table like the token embeddings unless its own
+    ``init_std`` is given: given here; the next tests check the default.)"""
+    own = {"init_std": 0.1} if encoding == "abacus" else {}
+    a, b = model(encoding, layers=2, init_std=0.02, own=own), model(encoding, layers=2, init_std=0.5, own=own)
     for (name, p), (_, q) in zip(a.encoding.named_parameters(), b.encoding.named_parameters()):
         assert torch.equal(p, q), name
     assert not torch.equal(a.embed.weight, b.embed.weight)
@@ -122,8 +126,19 @@ def test_tape_as_released():
     assert not pooled(m, r"layers\.\d+\.(up_proj\.weight|gate)").any()
 
 
-def test_abacus_as_released_one_over_sqrt_d_model():
-    m = model("abacus", layers=1, d_model=64)
+@pytest.mark.parametrize("init_std", [0.02, 0.5])
+def test_abacus_as_released_drawn_like_the_token_embeddings(init_std):
+    """The release draws token embeddings and the table from one N(0, d_model ** -0.5): their ratio is 1, and so
+    is it here at whatever std the model draws its token embeddings from."""
+    m = model("abacus", layers=1, d_model=64, init_std=init_std)
+    assert_normal(pooled(m, r"table\.weight"), init_std)
+    assert_normal(m.embed.weight.detach().flatten().double(), init_std)
+
+
+def test_abacus_init_std_sets_the_tables_own():
+    """``init_std`` draws the table from N(0, init_std) whatever the model's std: the release's absolute
+    d_model ** -0.5 (0.125 at 64), six times posbench's token embeddings."""
+    m = model("abacus", layers=1, d_model=64, init_std=0.02, own={"init_std": 64 ** -0.5})
     assert_normal(pooled(m, r"table\.weight"), 64 ** -0.5)
 
 

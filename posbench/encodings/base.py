@@ -52,7 +52,8 @@ The model calls ``bias`` with autocast off, so that no position or bias is compu
 ``[B or 1, Nq]`` and ``[B or 1, Nk]`` (one row when every row of the batch shares them).
 
 The encoding owns its parameters: the model initialises its own weights (N(0, 0.02)) and never the encoding's, which
-keep PyTorch's module defaults unless ``init_weights`` sets them (as their authors release them: docs/encodings.md,
+keep PyTorch's module defaults unless ``init_weights`` sets them (it may read ``embedding_std``, the std of the
+model's token embeddings) (as their authors release them: docs/encodings.md,
 "Initialisation as released"); ``init_weights`` also freezes (``requires_grad_(False)``) any parameter that can never reach the loss (TAPE's last layer), so
 that optimizers skip it and DistributedDataParallel needs no per-step search for unused parameters.
 
@@ -100,6 +101,9 @@ class PositionalEncoding(Configurable, nn.Module):
     #: shared property tests) build the encoding with them. RandPE: ``{"eval_random": False}`` (its evaluation
     #: draws random positions in every pass, so no two passes agree; its own tests check that path)
     deterministic_options: ClassVar[dict[str, Any]] = {}
+    #: the std of the model's N(0, std) token embeddings (``ModelConfig.init_std``), which the model sets before it
+    #: calls ``init_weights``: an encoding adding a learned table to them draws it alike (Abacus, as released)
+    embedding_std: float = 0.02
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

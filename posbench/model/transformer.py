@@ -177,6 +177,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         for module in self.own_modules():
             self._init_weights(module)
+        self.encoding.embedding_std = cfg.init_std     # what a table added to the token embeddings is drawn like
         self.encoding.init_weights()        # its own inits; it freezes what can never reach the loss
 
     def own_modules(self):
