@@ -181,3 +181,28 @@ def test_a_compiled_cpu_bench_times_every_encoding_in_turns_each_one_compiled(mo
     order = [name for name, _ in calls]
     assert order[:len(names)] == names                     # each warmed up (and compiled) in turn
     assert order[len(names):] == names * 2                 # then the timed steps: one of each, twice
+
+
+def load_order():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("encoding_order", ROOT / "benchmarks" / "gpu" / "encoding_order.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gpu_call_benches_every_registered_encoding_once_cope_and_dape_last():
+    order = load_order().order
+    names = order(ENCODINGS)
+    assert sorted(names) == sorted(ENCODINGS) and len(names) == len(set(names))
+    assert names[:2] == ["rope", "tape"] and names[-2:] == ["cope", "dape"]
+    # an encoding registered since the list was written (a plugin) is benched before the two last; a listed name
+    # no longer registered is dropped
+    assert order(["dape", "rope", "cope", "zeta"]) == ["rope", "zeta", "cope", "dape"]
+
+
+def test_the_printed_order_is_what_the_script_passes_to_bench():
+    printed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "encoding_order.py")],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT, check=True).stdout.strip()
+    assert printed.split(",") == load_order().order(ENCODINGS)
+    assert '"$PY" benchmarks/gpu/encoding_order.py' in SCRIPT.read_text()

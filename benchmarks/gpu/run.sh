@@ -16,8 +16,9 @@
 #                    (SDPA_BIAS_MAX_SCORES) should be                                       <= 40 s each
 #   6. memory at 8k  every encoding, 1 x 8192 tokens, peak GiB                                          <= 80 s
 #   7. decoding      ms per new token after a 1,024-token prompt, every encoding                        <= 50 s
-# Encodings run in the order of what is least known: RoPE (the baseline), TAPE, the biased ones, the rest, and
-# CoPE and DAPE (which run out of memory at the paper's size) last.
+# Encodings run in the order of what is least known: RoPE (the baseline), TAPE, the biased ones, the rest, any
+# encoding registered since (a plugin too), and CoPE and DAPE (which run out of memory at the paper's size) last
+# (benchmarks/gpu/encoding_order.py).
 # What comes back ($OUT, 4 files; at most 8 may):
 #   env.txt      python, torch, CUDA, the device; what does not import; the compile smoke test
 #   run.log      each phase's start, limit and exit, and the benches' output
@@ -83,7 +84,7 @@ if [[ "$SIZE" == "tiny" ]]; then     # the plan's plumbing on a CPU
 else
   SHAPE=(--size paper --steps 5 --warmup 2)
   SHORT=(--lengths 1024 --batch 16); LONG=(--lengths 8192 --batch 1); DECODE=(--lengths 1024 --batch 1)
-  SOME=(-e rope,tape,alibi,t5,fire,kerple,sandwich,xpos,nope,randpe,abacus,cope,dape)
+  SOME=(-e "$("$PY" benchmarks/gpu/encoding_order.py)")      # every registered encoding, plugins included
   CROSS=(--lengths 2048,4096 --batch 1,1 -e t5,fire,alibi); VERSUS=(sdpa flex)
 fi
 [[ -n "${ENCODINGS:-}" ]] && SOME=(-e "$ENCODINGS")
