@@ -60,6 +60,8 @@ def test_the_gpu_call_runs_end_to_end_on_the_cpu(tmp_path):
     assert {k: sorted(v) for k, v in by_bench.items()} == {("train", 16): some, ("train", 24): ["alibi", "alibi", "rope", "rope"],
                                                             ("train", 32): some, ("decode", 16): some}
     assert all(c["status"] == "ok" for c in found)
+    # in the order benchmarks/gpu/encoding_order.py gives them (TAPE first, CoPE with DAPE last), RoPE beside each
+    assert [e for e in by_bench[("train", 16)] if e != "rope"] == ["tape", "alibi", "cope"]
     log = (out / "run.log").read_text()
     for phase in ("tests first", "tests others", "bench train-1024", "bench sdpa-mid", "bench eager-mid",
                   "bench memory-8k", "bench decode"):
@@ -205,4 +207,7 @@ def test_the_printed_order_is_what_the_script_passes_to_bench():
     printed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "encoding_order.py")],
                              capture_output=True, text=True, timeout=120, cwd=ROOT, check=True).stdout.strip()
     assert printed.split(",") == load_order().order(ENCODINGS)
-    assert '"$PY" benchmarks/gpu/encoding_order.py' in SCRIPT.read_text()
+    only = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "encoding_order.py"), "--only",
+                           "cope,alibi,nosuch,tape"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          check=True).stdout.strip()
+    assert only == "tape,alibi,cope"

@@ -51,11 +51,12 @@ encoding that counts tokens itself counts the pads.
 The model calls ``bias`` with autocast off, so that no position or bias is computed in bfloat16. Positions are
 ``[B or 1, Nq]`` and ``[B or 1, Nk]`` (one row when every row of the batch shares them).
 
-The encoding owns its parameters: the model initialises its own weights (N(0, 0.02)) and never the encoding's, which
-keep PyTorch's module defaults unless ``init_weights`` sets them (it may read ``embedding_std``, the std of the
-model's token embeddings) (as their authors release them: docs/encodings.md,
-"Initialisation as released"); ``init_weights`` also freezes (``requires_grad_(False)``) any parameter that can never reach the loss (TAPE's last layer), so
-that optimizers skip it and DistributedDataParallel needs no per-step search for unused parameters.
+The encoding owns its parameters: the model initialises its own weights (N(0, model.init_std), 0.02 by default) and
+never the encoding's, which keep PyTorch's module defaults unless ``init_weights`` sets them as their authors release
+them (docs/encodings.md, "Initialisation as released"; a table added to the token embeddings may be drawn like them:
+``embedding_std`` is their std, set by the model before it calls ``init_weights``); ``init_weights`` also freezes
+(``requires_grad_(False)``) any parameter that can never reach the loss (TAPE's last layer), so that optimizers skip
+it and DistributedDataParallel needs no per-step search for unused parameters.
 
 Options are declared once, in ``OPTIONS`` (``posbench.options.Option``: default, help, valid range); they are
 checked when the encoding is built (``Configurable.resolve``, constraints between options in ``check_options``),
@@ -73,6 +74,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.model.bias import ScoreBias
+from posbench.model.config import ModelConfig
 from posbench.options import Configurable
 from posbench.registry import ENCODINGS
 
@@ -102,8 +104,9 @@ class PositionalEncoding(Configurable, nn.Module):
     #: draws random positions in every pass, so no two passes agree; its own tests check that path)
     deterministic_options: ClassVar[dict[str, Any]] = {}
     #: the std of the model's N(0, std) token embeddings (``ModelConfig.init_std``), which the model sets before it
-    #: calls ``init_weights``: an encoding adding a learned table to them draws it alike (Abacus, as released)
-    embedding_std: float = 0.02
+    #: calls ``init_weights``: an encoding adding a learned table to them draws it alike (Abacus, as released); an
+    #: encoding built without a model keeps ModelConfig's default
+    embedding_std: float = ModelConfig.init_std
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -114,6 +114,7 @@ class DAPE(PositionalEncoding):
         return {key: value for key, value in ours.items() if key in base.OPTIONS}
 
     def init_weights(self) -> None:
+        self.base.embedding_std = self.embedding_std
         self.base.init_weights()
 
     def init_state(self, positions: Tensor, tokens: Tensor, memory):
