@@ -5,7 +5,8 @@ both). And studies/publish.py copies a sweep's finished cells, only those, once.
 Pages checked: the tiny study in tests/fixtures/study/ (2 encodings x 2 seeds x perplexity and passkey, tiny
 presets), the CPU study's two versions in docs/studies/cpu/v1/ (issue 27) and docs/studies/cpu/v2/ (issue 34,
 its page docs/studies/cpu.md), and the arithmetic study in docs/studies/arithmetic/ (issue 38, its page
-docs/studies/arithmetic.md). When compare's output changes on purpose, rewrite
+docs/studies/arithmetic.md; its longer budget in docs/studies/arithmetic/8k/, its page 8k.md beside it). When
+compare's output changes on purpose, rewrite
 them: ``python studies/publish.py results/studies/fixture tests/fixtures/study`` after its sweep (the command
 is in its study.toml), or over the committed runs alone with ``write_page`` below.
 """
@@ -31,20 +32,23 @@ CPU = ROOT / "docs" / "studies" / "cpu"
 CPU_V1, CPU_V2 = CPU / "v1", CPU / "v2"
 ARITHMETIC = ROOT / "docs" / "studies" / "arithmetic"
 #: each published study's folder and its page
+ARITHMETIC_8K = ARITHMETIC / "8k"
 PAGES = {"cpu-v1": (CPU_V1, CPU / "v1.md"), "cpu-v2": (CPU_V2, ROOT / "docs" / "studies" / "cpu.md"),
-         "arithmetic": (ARITHMETIC, ROOT / "docs" / "studies" / "arithmetic.md")}
+         "arithmetic": (ARITHMETIC, ROOT / "docs" / "studies" / "arithmetic.md"),
+         "arithmetic-8k": (ARITHMETIC_8K, ARITHMETIC / "8k.md")}
 #: how many tables each page quotes at least (a study in progress quotes more as its cells finish)
-QUOTES = {"cpu-v1": 3, "cpu-v2": 1, "arithmetic": 1}
+QUOTES = {"cpu-v1": 3, "cpu-v2": 1, "arithmetic": 1, "arithmetic-8k": 1}
 
 
-@pytest.mark.parametrize("page", [FIXTURE, CPU_V1, CPU_V2, ARITHMETIC],
-                         ids=["fixture", "cpu-v1", "cpu-v2", "arithmetic"])
+@pytest.mark.parametrize("page", [FIXTURE, CPU_V1, CPU_V2, ARITHMETIC, ARITHMETIC_8K],
+                         ids=["fixture", "cpu-v1", "cpu-v2", "arithmetic", "arithmetic-8k"])
 def test_committed_tables_are_what_compare_prints(page):
     assert (page / publish.RUNS).is_dir(), f"{page} has no committed runs"
     assert publish.tables(page / publish.RUNS) == (page / publish.TABLES).read_text()
 
 
-@pytest.mark.parametrize("page", [FIXTURE, CPU_V2, ARITHMETIC], ids=["fixture", "cpu-v2", "arithmetic"])
+@pytest.mark.parametrize("page", [FIXTURE, CPU_V2, ARITHMETIC, ARITHMETIC_8K],
+                         ids=["fixture", "cpu-v2", "arithmetic", "arithmetic-8k"])
 def test_committed_plateau_verdicts_are_the_rule_over_the_runs(page):
     assert publish.plateaus(page / publish.RUNS) == (page / publish.PLATEAU).read_text()
 
@@ -156,10 +160,11 @@ def test_publish_errors_are_one_line(tmp_path, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and "cells/" in err
 
 
-@pytest.mark.parametrize("study, cells", [("cpu.toml", 72), ("cpu-v1.toml", 72), ("arithmetic-cpu.toml", 39)])
+@pytest.mark.parametrize("study, cells", [("cpu.toml", 72), ("cpu-v1.toml", 72), ("arithmetic-cpu.toml", 39),
+                                          ("arithmetic-cpu-8k.toml", 39)])
 def test_the_cpu_study_file_plans_every_cell(study, cells):
     """The CPU study files are valid sweep studies: 12 encodings x 2 tasks x 3 seeds (arithmetic: 13 x 1 x 3), every
-    cell's settings checked."""
+    cell's settings checked; the arithmetic study at 8,000 steps likewise."""
     proc = subprocess.run([sys.executable, "-m", "posbench", "sweep", str(ROOT / "studies" / study),
                            "--dry-run", "--jobs", "2", "--out", "/nonexistent/posbench-plan-only"],
                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
