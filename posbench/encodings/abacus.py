@@ -48,9 +48,10 @@ Choices the paper leaves open, and where we differ from the released code:
 - The table's init (``init_std``, default 0: the model's token-embedding std). The release draws the token
   embeddings and this table from one N(0, d_model ** -0.5): what it fixes is their ratio, 1, since the table is
   added to a token's embedding and the sum is normalised before attention. posbench's token embeddings are N(0,
-  model.init_std), 0.02 by default, so the table is drawn so too. Drawn at the release's absolute std (0.125 at d_model 64, six times a
-  token's), the digit places drown the digits: on the arithmetic study's cell (seed 0, 4,000 steps) Abacus
-  stalled at 42.6% in distribution; at the token embeddings' std it reached 99.1% (docs/studies/arithmetic.md).
+  model.init_std), 0.02 by default, so the table is drawn so too. Drawn at the release's absolute std (0.125 at
+  d_model 64, six times a token's), the digit places drown the digits: on the arithmetic study's cell (seed 0,
+  4,000 steps) Abacus stalled at 42.6% in distribution; at the token embeddings' std it reached 99.1%
+  (docs/studies/arithmetic.md).
 """
 
 from __future__ import annotations
