@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -49,7 +50,8 @@ def test_the_gpu_call_runs_end_to_end_on_the_cpu(tmp_path):
     done = run_call(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     out = tmp_path / "out"
-    assert sorted(p.name for p in out.iterdir()) == ["cells.jsonl", "env.txt", "run.log", "tests.log"]  # <= 8 come back
+    assert sorted(p.name for p in out.iterdir()) == ["arithmetic.tar", "cells.jsonl", "env.txt", "run.log",
+                                                     "tests.log"]  # at most 8 files come back
     env = (out / "env.txt").read_text()
     assert "every module imports" in env and "torch.compile smoke test on cpu: ok" in env
     found = jsonl(out / "cells.jsonl")
@@ -63,9 +65,21 @@ def test_the_gpu_call_runs_end_to_end_on_the_cpu(tmp_path):
     # in the order benchmarks/gpu/encoding_order.py gives them (TAPE first, CoPE with DAPE last), RoPE beside each
     assert [e for e in by_bench[("train", 16)] if e != "rope"] == ["tape", "alibi", "cope"]
     log = (out / "run.log").read_text()
-    for phase in ("tests first", "tests others", "bench train-1024", "bench sdpa-mid", "bench eager-mid",
-                  "bench memory-8k", "bench decode"):
+    for phase in ("arithmetic gpu-rope", "tests first", "arithmetic gpu-tape", "tests others", "bench train-1024",
+                  "bench sdpa-mid", "bench eager-mid", "bench memory-8k", "bench decode", "arithmetic paper-rope"):
         assert f"{phase}: exit 0" in log, log
+    # each arithmetic run's small files, none of its checkpoints or predictions: the time of every logged step
+    with tarfile.open(out / "arithmetic.tar") as tar:
+        names = tar.getnames()
+        runs = {}
+        for name in names:
+            runs.setdefault(str(Path(name).parent), set()).add(Path(name).name)
+        assert len(runs) == 3 and all(files == {"result.json", "config.json", "train_log.csv"} for files in runs.values())
+        results = [json.load(tar.extractfile(n)) for n in names if n.endswith("result.json")]
+        logs = [tar.extractfile(n).read().decode() for n in names if n.endswith("train_log.csv")]
+    assert sorted(r["encoding"] for r in results) == ["rope", "rope", "tape"]
+    assert all(r["status"] == "complete" and r["timings"]["eval_s"] >= 0 for r in results)
+    assert all(len(text.splitlines()) > 2 and "tokens_per_s" in text.splitlines()[0] for text in logs)
     tests = (out / "tests.log").read_text()
     assert "test_gpu_first.py" in tests and "test_gpu.py" in tests and "skipped" in tests   # no CUDA here
 
@@ -73,13 +87,14 @@ def test_the_gpu_call_runs_end_to_end_on_the_cpu(tmp_path):
 @pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
 def test_the_call_stays_within_its_budget_and_says_what_it_skipped(tmp_path):
     text = SCRIPT.read_text()
-    assert "BUDGET=${BUDGET:-540}" in text                       # 9 minutes of the 10 a command may take
-    limits = [int(n) for n in re.findall(r"^(?:tests|bench) \S+ (\d+) ", text, re.M)]
-    assert len(limits) == 7 and sum(limits) <= 540 - 20           # the phases' limits and the environment fit
+    assert "BUDGET=${BUDGET:-560}" in text                       # the 10 minutes a command may take, less 40 s
+    limits = [int(n) for n in re.findall(r"^(?:tests|bench|arithmetic) \S+ (\d+) ", text, re.M)]
+    # every phase but the last (the paper-size arithmetic run, if time is left) fits with the environment's 20 s
+    assert len(limits) == 10 and sum(limits[:-1]) <= 560 - 20
     done = run_call(tmp_path, BUDGET="14")                       # less than any phase needs: every one skipped
     assert done.returncode == 0, done.stdout + done.stderr
     log = (tmp_path / "out" / "run.log").read_text()
-    assert log.count(": skipped, ") == 7 and "done in" in log
+    assert log.count(": skipped, ") == 10 and "done in" in log
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
