@@ -166,3 +166,33 @@ def test_fire_pieces_are_sorted_and_cover_every_unit():
         u = (edges[s] + edges[s + 1]) / 2
         expected = w2 @ torch.relu(w1 * u + b1) + b2
         torch.testing.assert_close(slope[s].detach() * u + icpt[s].detach(), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["t5", "alibi", "kerple"])
+@pytest.mark.parametrize("n", [40, 300])                # one materialised square; query blocks (>= 256 queries)
+def test_the_models_own_positions_are_laid_out_by_distance_without_reading_them(name, n, monkeypatch):
+    """On a GPU positions are never read on the host (``consecutive`` says no): the model's own positions
+    (``aligned``) still take the Toeplitz layout, one evaluation per distance, with the same output and the same
+    gradients (q, k, v and the encoding's tensors) as the element-wise evaluation, float64, 1e-12 relative.
+    Element-wise, T5's table read took 615 ms a step on an H200 at 16 x 1024 (docs/speed.md)."""
+    from posbench.model import attention, bias as bias_module
+
+    monkeypatch.setattr(bias_module, "consecutive", lambda pos: pos.shape[0] < 2)     # as on a GPU
+    laid_out = []
+    toeplitz = bias_module.ScoreBias.toeplitz
+    monkeypatch.setattr(bias_module.ScoreBias, "toeplitz", lambda self, *a: laid_out.append(1) or toeplitz(self, *a))
+    pe = build(name, dtype=torch.float64)
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, HEADS, n, HEAD_DIM, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    pos = torch.arange(n).view(1, n)
+    results = {}
+    for aligned in (False, True):
+        laid_out.clear()
+        out = attention.attend(q, k, v, score_bias_of(pe, 1), "sdpa", q_pos=pos, k_pos=pos, aligned=aligned)
+        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)).sum(),
+                                    [q, k, v, *[p for p in pe.parameters() if p.requires_grad]], allow_unused=True)
+        results[aligned] = (out, [g for g in grads if g is not None], len(laid_out))   # layer 1's tables only
+    assert results[False][2] == 0 and results[True][2] > 0
+    assert len(results[True][1]) == len(results[False][1]) > 3 or name == "alibi"     # the encoding's gradients too
+    for got, want in zip((results[True][0], *results[True][1]), (results[False][0], *results[False][1])):
+        assert torch.allclose(got, want, rtol=1e-12, atol=1e-12 * want.abs().max().item())

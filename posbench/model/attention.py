@@ -35,6 +35,7 @@ again if a model built by hand gets there.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -403,7 +404,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Bias = None, backend_name: str
            aligned: bool = False, key_mask: Tensor | None = None) -> Tensor:
     """``contextual``: ``bias`` is a tensor computed from q and k (see the module docstring). ``aligned``: the
     positions are consecutive and bottom-right aligned (query i at key Nk - Nq + i, the model's own positions),
-    so FlexAttention reads a relative ``ScoreBias`` from a per-distance table. ``key_mask [B, Nk]``: a padded
+    so FlexAttention reads a relative ``ScoreBias`` from a per-distance table, and the other backends materialise
+    it as a Toeplitz matrix without reading the positions on the host. ``key_mask [B, Nk]``: a padded
     batch's real keys (``posbench.model.padding``: a query sees the real keys only, a pad query also its own)."""
     needs_grad = torch.is_grad_enabled() and (
         any(t.requires_grad for t in (q, k, v)) or
@@ -414,4 +416,6 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Bias = None, backend_name: str
                            bias_rows(bias, q_pos, k_pos) * q.shape[1] * q.shape[-2] * k.shape[-2])
     if name == "flex":
         return flex_attention_backend(q, k, v, bias, q_pos, k_pos, aligned, key_mask)
+    if aligned and isinstance(bias, ScoreBias) and not torch.compiler.is_compiling():   # (compiled: element-wise)
+        bias = dataclasses.replace(bias, consecutive_positions=True)    # laid out by distance, positions unread
     return BACKENDS[name](q, k, v, bias, q_pos, k_pos, key_mask=key_mask)
