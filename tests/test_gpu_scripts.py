@@ -89,8 +89,8 @@ def test_the_call_stays_within_its_budget_and_says_what_it_skipped(tmp_path):
     text = SCRIPT.read_text()
     assert "BUDGET=${BUDGET:-560}" in text                       # the 10 minutes a command may take, less 40 s
     limits = [int(n) for n in re.findall(r"^(?:tests|bench|arithmetic) \S+ (\d+) ", text, re.M)]
-    # every phase but the last (the paper-size arithmetic run, if time is left) fits with the environment's 20 s
-    assert len(limits) == 10 and sum(limits[:-1]) <= 560 - 20
+    # every phase but the last (the paper-size arithmetic run, if time is left) fits with the environment's ~40 s
+    assert len(limits) == 10 and sum(limits[:-1]) <= 560 - 40       # (41 and 42 s on the H200, 2026-11-28)
     done = run_call(tmp_path, BUDGET="14")                       # less than any phase needs: every one skipped
     assert done.returncode == 0, done.stdout + done.stderr
     log = (tmp_path / "out" / "run.log").read_text()

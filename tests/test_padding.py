@@ -335,3 +335,27 @@ def test_positions_count_each_rows_real_tokens_across_cache_calls():
     assert seen[0].tolist() == [[0, 1, 2, 3, 4], [0, 0, 0, 0, 1]]
     assert seen[1].tolist() == [[5, 6], [2, 3]]
     assert seen[2].tolist() == seen[0].tolist()
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "fire"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_padded_batch_of_one_row_gets_what_the_row_gets_alone(name, attention, monkeypatch):
+    """A single left-padded row shares its positions with no other row, so its bias may be laid out by distance;
+    its pads sit at position 0, so the distances cannot be read off the first position. Checked with the host's
+    consecutiveness check off (as on a GPU, where positions are never read), without a cache (300 queries: the
+    query blocks on a CPU) and through a cache (the next token after a padded prompt). Tolerance as above."""
+    from posbench.model import bias as bias_module
+
+    monkeypatch.setattr(bias_module, "consecutive", lambda pos: pos.shape[0] < 2)
+    x = digit_rich(1, 300, seed=4)
+    mask = torch.ones_like(x)
+    mask[0, :45] = 0
+    model = tiny(name, attention=attention, max_seq_len=512).eval()
+    with torch.no_grad():
+        padded, alone = model(x, attention_mask=mask)[0][45:], model(x[:, 45:])[0]
+        assert (padded - alone).abs().max() <= 1e-5 * alone.abs().max()
+        prompt = digit_rich(1, 12, seed=6)
+        cache = model.new_cache()
+        model(prompt[:, :11], cache=cache, attention_mask=(torch.arange(11) >= 4).long().view(1, 11))
+        following, alone = model(prompt[:, 11:], cache=cache)[0, -1], model(prompt[:, 4:])[0, -1]
+        assert (following - alone).abs().max() <= 1e-5 * alone.abs().max()

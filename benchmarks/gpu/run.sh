@@ -7,7 +7,7 @@
 #
 # The plan, in the order of what is least known (each phase stops at its own limit, or earlier when the budget
 # runs out; a phase with under 15 s left is skipped and says so):
-#    1. environment       the carried wheels installed, every module imports, a torch.compile smoke test
+#    1. environment       the carried wheels installed, every module imports, a torch.compile smoke test (~40 s)
 #    2. arithmetic rope   the GPU study's cell (preset gpu, compiled as `auto` does on CUDA) for 400 steps and
 #                         its whole evaluation: the step time after compilation, the compile and evaluation
 #                         times, so that the study's expected time is measured, not estimated         <= 90 s
@@ -15,12 +15,12 @@
 #                         backward with posbench's kernel options, flash-attn, the CUDA-event timer, TF32  <= 60 s
 #    4. arithmetic tape   the same for TAPE (compiled TAPE on CUDA had not run)                        <= 100 s
 #    5. other tests       pytest -m gpu tests/test_gpu.py (backends, compiled models, decoding, padding),
-#                         each test at most 30 s where pytest-timeout is installed                    <= 70 s
+#                         each test at most 30 s where pytest-timeout is installed                    <= 60 s
 #    6. train speed       every encoding at the paper size (12 x 768), 16 x 1024, eager                <= 70 s
 #    7. sdpa vs flex      T5, FIRE, ALiBi at 1 x 2048 and 1 x 4096 by each backend: where auto's threshold
 #                         (SDPA_BIAS_MAX_SCORES) should be                                        <= 30 s each
-#    8. memory at 8k      every encoding, 1 x 8192 tokens, peak GiB                                    <= 45 s
-#    9. decoding          ms per new token after a 1,024-token prompt, every encoding                  <= 30 s
+#    8. memory at 8k      every encoding, 1 x 8192 tokens, peak GiB                                    <= 40 s
+#    9. decoding          ms per new token after a 1,024-token prompt, every encoding                  <= 25 s
 #   10. arithmetic paper  RoPE at the TAPE paper's arithmetic size (16 x 1024), 150 steps and a twentieth of
 #                         the evaluation, if time is left                                             <= 120 s
 # Encodings run in the order of what is least known: RoPE (the baseline), TAPE, the biased ones, the rest, any
@@ -38,54 +38,11 @@
 # FIRST (the first tests' pytest arguments) and SKIP (phase names: "others", "train-1024", "sdpa-mid", "flex-mid",
 # "memory-8k", "decode", "gpu-rope", "gpu-tape", "paper-rope").
 # SIZE=tiny DEVICE=cpu runs the same plan on a CPU with a tiny model in about a minute (tests/test_gpu_scripts.py).
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/posbench-gpu-out}
-SIZE=${SIZE:-gpu}
-DEVICE=${DEVICE:-cuda}
-PY=${PYTHON:-python3}
-WORK=${WORK:-/tmp/posbench-gpu-work}
 BUDGET=${BUDGET:-560}
-WHEELS=${WHEELS:-.whl}      # the carried wheels (built for the GPU machine's python 3.12)
+TITLE="posbench GPU call"
 FIRST=${FIRST:-tests/test_gpu_first.py}
 eval "FIRST_ARGS=($FIRST)"
-SKIP=" ${SKIP:-} "
-mkdir -p "$OUT" "$WORK"
-export PYTHONUNBUFFERED=1 OUT
-LOG="$OUT/run.log"
-START=$SECONDS
-
-left() { echo $((BUDGET - (SECONDS - START))); }
-
-phase() {  # name, most seconds, then the command: run within what is left of the budget
-  local name=$1 most=$2 limit
-  shift 2
-  limit=$(left)
-  (( limit > most )) && limit=$most
-  if [[ "$SKIP" == *" ${name#* } "* ]]; then
-    echo "$(date -u +%T) $name: skipped (SKIP)" >> "$LOG"
-    return 0
-  fi
-  if (( limit < 15 )); then
-    echo "$(date -u +%T) $name: skipped, $(left) s of the budget left" >> "$LOG"
-    return 0
-  fi
-  echo "$(date -u +%T) $name: start, at most $limit s" >> "$LOG"
-  timeout -k 5 "$limit" "$@"
-  local code=$?
-  echo "$(date -u +%T) $name: exit $code$( ((code == 124 || code == 137)) && echo ' (stopped at its limit)')" >> "$LOG"
-}
-
-echo "$(date -u +%T) posbench GPU call: SIZE=$SIZE DEVICE=$DEVICE BUDGET=${BUDGET}s" >> "$LOG"
-if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
-    || { echo "error: the carried wheels do not install" | tee -a "$LOG"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-fi
-"$PY" benchmarks/gpu/check_env.py --device "$DEVICE" >> "$LOG" 2>&1 || { echo "environment: see env.txt" >> "$LOG"; exit 1; }
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/env.txt"
+source "$(dirname "$0")/common.sh"
 
 if [[ "$SIZE" == "tiny" ]]; then     # the plan's plumbing on a CPU
   SHAPE=(--size small --threads 1 --steps 1 --warmup 1)
@@ -109,13 +66,6 @@ else                                       # bench's own default then: every enc
 fi
 [[ -n "${ENCODINGS:-}" ]] && SOME=(-e "$ENCODINGS")
 
-bench() {  # name, most seconds, then posbench bench arguments: each cell lands in $OUT/cells.jsonl as it finishes
-  local name=$1 most=$2
-  shift 2
-  phase "bench $name" "$most" "$PY" -m posbench bench "${SHAPE[@]}" --device "$DEVICE" --quiet \
-    --out "$WORK/$name" --cells-to "$OUT/cells.jsonl" "$@" >> "$LOG" 2>&1
-}
-
 tests() {  # name, most seconds, then pytest arguments: -v, one line per test into $OUT/tests.log as it finishes
   local name=$1 most=$2
   shift 2
@@ -138,11 +88,11 @@ TIMEOUT=()     # each GPU test at most 30 s, where pytest-timeout is installed (
 arithmetic gpu-rope 90 -e rope "${ARITH[@]}"
 tests first 60 "${FIRST_ARGS[@]}"
 arithmetic gpu-tape 100 -e tape "${ARITH[@]}"
-tests others 70 "${TIMEOUT[@]}" tests/test_gpu.py
+tests others 60 "${TIMEOUT[@]}" tests/test_gpu.py
 bench train-1024 70 "${SHORT[@]}" "${SOME[@]}"
 bench "${VERSUS[0]}-mid" 30 "${CROSS[@]}" --attention "${VERSUS[0]}"
 bench "${VERSUS[1]}-mid" 30 "${CROSS[@]}" --attention "${VERSUS[1]}"
-bench memory-8k 45 "${LONG[@]}" "${SOME[@]}"
-bench decode 30 --mode decode "${DECODE[@]}" "${SOME[@]}"
+bench memory-8k 40 "${LONG[@]}" "${SOME[@]}"
+bench decode 25 --mode decode "${DECODE[@]}" "${SOME[@]}"
 arithmetic paper-rope 120 -e rope "${PAPER[@]}"
 echo "$(date -u +%T) done in $((SECONDS - START)) s: $(ls "$OUT" | tr '\n' ' ')" >> "$LOG"

@@ -405,7 +405,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Bias = None, backend_name: str
     """``contextual``: ``bias`` is a tensor computed from q and k (see the module docstring). ``aligned``: the
     positions are consecutive and bottom-right aligned (query i at key Nk - Nq + i, the model's own positions),
     so FlexAttention reads a relative ``ScoreBias`` from a per-distance table, and the other backends materialise
-    it as a Toeplitz matrix without reading the positions on the host. ``key_mask [B, Nk]``: a padded
+    it as a Toeplitz matrix without reading the positions on the host (not in a padded batch, whose pads sit at
+    position 0). ``key_mask [B, Nk]``: a padded
     batch's real keys (``posbench.model.padding``: a query sees the real keys only, a pad query also its own)."""
     needs_grad = torch.is_grad_enabled() and (
         any(t.requires_grad for t in (q, k, v)) or
@@ -416,6 +417,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Bias = None, backend_name: str
                            bias_rows(bias, q_pos, k_pos) * q.shape[1] * q.shape[-2] * k.shape[-2])
     if name == "flex":
         return flex_attention_backend(q, k, v, bias, q_pos, k_pos, aligned, key_mask)
-    if aligned and isinstance(bias, ScoreBias) and not torch.compiler.is_compiling():   # (compiled: element-wise)
-        bias = dataclasses.replace(bias, consecutive_positions=True)    # laid out by distance, positions unread
+    if aligned and key_mask is None and isinstance(bias, ScoreBias) and not torch.compiler.is_compiling():
+        # laid out by distance without reading the positions (a padded row's are not consecutive: pads sit at 0)
+        bias = dataclasses.replace(bias, consecutive_positions=True)
     return BACKENDS[name](q, k, v, bias, q_pos, k_pos, key_mask=key_mask)

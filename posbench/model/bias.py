@@ -25,7 +25,8 @@ same values, at O(Nq + Nk) evaluations instead of O(Nq Nk) (KERPLE's logarithm, 
 being one copy forward and one windowed sum backward. Other positions, and code being compiled (where the
 element-wise form fuses anyway, and a check of the positions' values would break the graph), take the
 element-wise path. Positions are read on the host only on a CPU (on a GPU that is a synchronisation per call);
-elsewhere the Toeplitz layout needs ``consecutive_positions``, which attention sets for the model's own positions.
+elsewhere the Toeplitz layout needs ``consecutive_positions``, which attention sets for the model's own positions
+in an unpadded batch (FIRE's threshold check still reads the query positions).
 Without it an element-wise T5 bias on an H200 took 615 ms a step at 16 x 1024 (RoPE 70): the backward of its
 table read adds millions of gradients into 129 rows per head, which CUDA's indexing backward does one duplicate
 at a time (pytorch/pytorch#41162).
