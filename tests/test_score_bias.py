@@ -196,3 +196,42 @@ def test_the_models_own_positions_are_laid_out_by_distance_without_reading_them(
     assert len(results[True][1]) == len(results[False][1]) > 3 or name == "alibi"     # the encoding's gradients too
     for got, want in zip((results[True][0], *results[True][1]), (results[False][0], *results[False][1])):
         assert torch.allclose(got, want, rtol=1e-12, atol=1e-12 * want.abs().max().item())
+
+
+def test_a_table_read_by_bincount_has_indexings_gradient():
+    """``TableRead`` (the CUDA path of ``read_table``): the value of ``table[row, col]`` and, by float64 gradcheck,
+    its gradient, with many duplicate indices (every read of a few rows) and broadcast index tensors."""
+    from posbench.model.bias import TableRead
+
+    torch.manual_seed(0)
+    table = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    row = torch.randint(0, 5, (1, 1, 7, 9))
+    col = torch.arange(3).view(1, 3, 1, 1)
+    assert torch.equal(TableRead.apply(table, row, col), table[row, col])
+    assert torch.autograd.gradcheck(lambda t: TableRead.apply(t, row, col), (table,))
+
+
+@pytest.mark.parametrize("name", ["fire", "t5"])
+def test_fire_and_t5_read_their_tables_through_the_cuda_path_with_the_same_gradients(name, monkeypatch):
+    """FIRE's pieces and T5's per-distance table read per score through ``TableRead`` (forced here; it runs on
+    CUDA only): the same bias and the same gradients to every parameter as plain indexing, float64, 1e-12."""
+    from posbench.encodings import fire, t5
+    from posbench.model.bias import TableRead
+
+    pe = build(name, dtype=torch.float64, **({"init_l": 6.0} if name == "fire" else {}))  # FIRE: both sides of L
+    q_pos, k_pos = torch.tensor([[3, 5, 9, 130]]), torch.tensor([[0, 1, 3, 5, 9, 130]])
+    weights = torch.linspace(-1, 1, HEADS * 4 * 6, dtype=torch.float64).view(1, HEADS, 4, 6)
+    params = [p for p in pe.parameters() if p.requires_grad]
+    results, reads = [], []
+    for forced in (False, True):
+        if forced:
+            monkeypatch.setattr(fire if name == "fire" else t5, "read_table",
+                                lambda *args: reads.append(1) or TableRead.apply(*args))
+        bias = score_bias_of(pe, 1).materialise(HEADS, q_pos, k_pos)     # element-wise: positions not consecutive
+        grads = torch.autograd.grad((bias * weights).sum(), params, allow_unused=True)
+        results.append((bias, [g for g in grads if g is not None]))
+    (plain, plain_grads), (forced, forced_grads) = results
+    assert reads                                                   # the forced pass went through TableRead
+    assert torch.allclose(forced, plain, rtol=1e-12, atol=1e-12) and len(forced_grads) == len(plain_grads) > 0
+    for got, want in zip(forced_grads, plain_grads):
+        assert torch.allclose(got, want, rtol=1e-12, atol=1e-12 * want.abs().max().item())

@@ -32,7 +32,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from posbench.model.bias import ScoreBias
+from posbench.model.bias import ScoreBias, read_table
 from posbench.encodings.base import PositionalEncoding
 from posbench.options import Bound, Option, at_least, positive
 
@@ -50,7 +50,7 @@ def fire_bias(head: Tensor, q_pos: Tensor, k_pos: Tensor, c_num: Tensor, c_den: 
             segment = segment + (u > breaks[k]).to(torch.int64)
     else:                                       # the same count (breakpoints below u) in one pass
         segment = torch.bucketize(u, breaks)
-    return slope[segment, head] * u + icpt[segment, head]
+    return read_table(slope, segment, head) * u + read_table(icpt, segment, head)
 
 
 class FIRELayer(nn.Module):

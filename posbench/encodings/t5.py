@@ -26,7 +26,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posbench.model.bias import ScoreBias
+from posbench.model.bias import ScoreBias, read_table
 from posbench.encodings.base import PositionalEncoding
 from posbench.options import Bound, Option, OptionError, at_least
 
@@ -44,7 +44,7 @@ def causal_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tens
 def t5_bias(head: Tensor, q_pos: Tensor, k_pos: Tensor, by_distance: Tensor) -> Tensor:
     """``by_distance`` ``[max_distance + 1, H]``: the bias of distances 0..max_distance (and beyond)."""
     last = by_distance.shape[0] - 1
-    return by_distance[torch.clamp(q_pos - k_pos, 0, last), head]
+    return read_table(by_distance, torch.clamp(q_pos - k_pos, 0, last), head)
 
 
 class T5Bias(PositionalEncoding):
