@@ -198,10 +198,11 @@ def test_the_models_own_positions_are_laid_out_by_distance_without_reading_them(
         assert torch.allclose(got, want, rtol=1e-12, atol=1e-12 * want.abs().max().item())
 
 
-def test_a_table_read_by_bincount_has_indexings_gradient():
+def test_a_table_read_by_index_add_has_indexings_gradient():
     """``TableRead`` (the CUDA path of ``read_table``): the value of ``table[row, col]`` and, by float64 gradcheck,
-    its gradient, with many duplicate indices (every read of a few rows) and broadcast index tensors."""
-    from posbench.model.bias import TableRead
+    its gradient, with many duplicate indices (every read of a few rows) and broadcast index tensors. On a CPU
+    ``read_table`` is plain indexing (its gradient node is indexing's)."""
+    from posbench.model.bias import TableRead, read_table
 
     torch.manual_seed(0)
     table = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
@@ -209,6 +210,7 @@ def test_a_table_read_by_bincount_has_indexings_gradient():
     col = torch.arange(3).view(1, 3, 1, 1)
     assert torch.equal(TableRead.apply(table, row, col), table[row, col])
     assert torch.autograd.gradcheck(lambda t: TableRead.apply(t, row, col), (table,))
+    assert "Index" in type(read_table(table, row, col).grad_fn).__name__
 
 
 @pytest.mark.parametrize("name", ["fire", "t5"])

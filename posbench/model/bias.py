@@ -15,7 +15,7 @@ branches on values); read each gradient-carrying tensor in exactly one indexing 
 FlexAttention supports one gather per such tensor: pass a second view for a second use); give learnable
 scalars shape ``[1]`` and read them as ``t[0]`` (0-d captured tensors with gradients fail in FlexAttention's
 backward); compute in the dtype of the tensors, not the positions'. A learned table read per score goes through
-``read_table`` (plain indexing, except on CUDA outside compiled code, where its backward is one ``bincount``).
+``read_table`` (plain indexing, except on CUDA outside compiled code, where its backward is one ``index_add_``).
 
 A bias that reads the positions only through ``q_pos - k_pos`` says so (``relative=True``); one that does so
 while every query position is below some value (FIRE, below its L) gives that value (``relative_below``). Materialising it for
@@ -162,9 +162,10 @@ class ToeplitzLayout(torch.autograd.Function):
 
 class TableRead(torch.autograd.Function):
     """``table[row, col]`` (index tensors, broadcast together) whose backward adds the gradient into the table with
-    one weighted ``bincount``. Indexing's own backward on CUDA sorts the indices and adds each run of equal ones
-    one at a time (pytorch/pytorch#41162), and a bias evaluated per score reads millions of times from a table of a
-    few dozen rows (FIRE's 33 segments, T5's 129 distances): on an H200 that made FIRE 11.6x RoPE's step."""
+    one ``index_add_`` (atomic adds on CUDA, no host synchronisation). Indexing's own backward on CUDA sorts the
+    indices and adds each run of equal ones one at a time (pytorch/pytorch#41162), and a bias evaluated per score
+    reads millions of times from a table of a few dozen rows (FIRE's 33 segments, T5's 129 distances): on an H200
+    that made FIRE 11.6x RoPE's step."""
 
     @staticmethod
     def forward(ctx, table: Tensor, row: Tensor, col: Tensor) -> Tensor:
@@ -174,25 +175,24 @@ class TableRead(torch.autograd.Function):
         return table[row, col]
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
         row, col = ctx.saved_tensors
         rows, cols = ctx.table_shape
-        flat = (row * cols + col).reshape(-1)
-        weights = grad.reshape(-1)
-        if weights.dtype not in (torch.float32, torch.float64):       # bincount adds in float32 at least
-            weights = weights.float()
-        summed = torch.bincount(flat, weights=weights, minlength=rows * cols)
-        return summed.view(rows, cols).to(grad.dtype), None, None
+        flat = (row * cols).add_(col).reshape(-1)                   # one index-sized temporary
+        summed = grad.new_zeros(rows * cols).index_add_(0, flat, grad.reshape(-1))
+        return summed.view(rows, cols), None, None
 
 
 def read_table(table: Tensor, row: Tensor, col: Tensor) -> Tensor:
-    """``table[row, col]``: through ``TableRead`` on CUDA when the table needs a gradient (outside compiled code,
-    which reads it as one gather, and unless deterministic algorithms are asked for: ``bincount`` on CUDA adds in
-    no fixed order); plain indexing elsewhere, so a CPU computes exactly what it always has."""
-    if not torch.compiler.is_compiling() and table.is_cuda and table.requires_grad and torch.is_grad_enabled() \
-            and not torch.are_deterministic_algorithms_enabled():
-        return TableRead.apply(table, row, col)
-    return table[row, col]
+    """``table[row, col]``: through ``TableRead`` on CUDA when the table needs a gradient (outside compiled code and
+    functorch transforms, which read it as one gather, and unless deterministic algorithms are asked for: atomic
+    adds come in no fixed order); plain indexing elsewhere, so a CPU computes exactly what it always has."""
+    if torch.compiler.is_compiling() or not (table.is_cuda and table.requires_grad and torch.is_grad_enabled()):
+        return table[row, col]
+    if torch.are_deterministic_algorithms_enabled() or torch._C._are_functorch_transforms_active():
+        return table[row, col]
+    return TableRead.apply(table, row, col)
 
 
 def wide(t: Tensor) -> Tensor:
