@@ -406,8 +406,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Bias = None, backend_name: str
     positions are consecutive and bottom-right aligned (query i at key Nk - Nq + i, the model's own positions),
     so FlexAttention reads a relative ``ScoreBias`` from a per-distance table, and the other backends materialise
     it as a Toeplitz matrix without reading the positions on the host (not in a padded batch, whose pads sit at
-    position 0). ``key_mask [B, Nk]``: a padded
-    batch's real keys (``posbench.model.padding``: a query sees the real keys only, a pad query also its own)."""
+    position 0). ``key_mask [B, Nk]``: a padded batch's real keys (``posbench.model.padding``: a query sees the
+    real keys only, a pad query also its own)."""
     needs_grad = torch.is_grad_enabled() and (
         any(t.requires_grad for t in (q, k, v)) or
         (isinstance(bias, Tensor) and bias.requires_grad) or

@@ -188,11 +188,9 @@ def read_table(table: Tensor, row: Tensor, col: Tensor) -> Tensor:
     """``table[row, col]``: through ``TableRead`` on CUDA when the table needs a gradient (outside compiled code and
     functorch transforms, which read it as one gather, and unless deterministic algorithms are asked for: atomic
     adds come in no fixed order); plain indexing elsewhere, so a CPU computes exactly what it always has."""
-    if torch.compiler.is_compiling() or not (table.is_cuda and table.requires_grad and torch.is_grad_enabled()):
-        return table[row, col]
-    if torch.are_deterministic_algorithms_enabled() or torch._C._are_functorch_transforms_active():
-        return table[row, col]
-    return TableRead.apply(table, row, col)
+    fast = not torch.compiler.is_compiling() and table.is_cuda and table.requires_grad and torch.is_grad_enabled() \
+        and not torch.are_deterministic_algorithms_enabled() and not torch._C._are_functorch_transforms_active()
+    return TableRead.apply(table, row, col) if fast else table[row, col]
 
 
 def wide(t: Tensor) -> Tensor:
