@@ -16,6 +16,8 @@ to ``PAGE/runs/<cell id>/``; checkpoints stay behind. Then, over ``PAGE/runs`` o
     PAGE/plateau.md     per cell, whether its training loss (or, for a cell with a probe, its probed
                         in-distribution metric) had stopped improving when training ended
                         (``posbench.report.plateau``: the rules are stated there and on the page)
+    PAGE/cost.md        the measured time of the finished cells, by task and encoding, and in all
+                        (studies/cost.py)
 
 A page (the third argument, by default ``PAGE.md`` beside PAGE, e.g. docs/studies/cpu/v1.md) may quote tables of tables.md between
 ``<!-- tables.md: BASELINE HEADING -->`` and ``<!-- /tables.md -->`` (HEADING: the line above the table in the
@@ -36,10 +38,13 @@ import sys
 from pathlib import Path
 
 from posbench.errors import UserError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cost  # noqa: E402  (studies/cost.py, a script beside this one)
 from posbench.files import atomic_save, atomic_write_text, read_unzipped
 
 AGAINST = ("rope", "alibi")      # the tables' baselines: the first is the figures' and the report's too
-TABLES, FIGURES, REPORT, RUNS, PLATEAU = "tables.md", "figures", "report.html", "runs", "plateau.md"
+TABLES, FIGURES, REPORT, RUNS, PLATEAU, COST = "tables.md", "figures", "report.html", "runs", "plateau.md", "cost.md"
 COPIED = ("result.json", "predictions.jsonl")
 #: predictions larger than this are kept gzipped (``predictions.jsonl.gz``: the same bytes once decompressed;
 #: compare reads either): an arithmetic cell's 10,000 examples are 1.4 MB as text, 0.27 MB gzipped
@@ -163,21 +168,23 @@ def plateaus(runs: Path) -> str:
     return "\n".join(tables)
 
 
-PLATEAU_QUOTE = re.compile(r"(<!-- plateau\.md -->\n)(.*?)(<!-- /plateau\.md -->)", re.S)
-
-
-def refresh_plateau(page_text: str, plateau_text: str) -> str:
-    """The page's copy of plateau.md (between ``<!-- plateau.md -->`` and ``<!-- /plateau.md -->``), rewritten."""
-    return PLATEAU_QUOTE.sub(lambda m: m.group(1) + plateau_text + m.group(3), page_text)
+def refresh_copy(page_text: str, name: str, text: str) -> str:
+    """The page's copy of a whole file (between ``<!-- NAME -->`` and ``<!-- /NAME -->``, e.g. plateau.md),
+    rewritten."""
+    quote = re.compile(rf"(<!-- {re.escape(name)} -->\n)(.*?)(<!-- /{re.escape(name)} -->)", re.S)
+    return quote.sub(lambda m: m.group(1) + text + m.group(3), page_text)
 
 
 def write_page(page: Path, text_page: Path | None = None) -> None:
     atomic_write_text(page / TABLES, tables(page / RUNS))
     atomic_write_text(page / PLATEAU, plateaus(page / RUNS))
+    atomic_write_text(page / COST, cost.cost(page / RUNS))
     text_page = text_page or page.with_suffix(".md")
     if text_page.is_file():
         text = refresh_quotes(text_page.read_text(), (page / TABLES).read_text())
-        atomic_write_text(text_page, refresh_plateau(text, (page / PLATEAU).read_text()))
+        for name in (PLATEAU, COST):
+            text = refresh_copy(text, name, (page / name).read_text())
+        atomic_write_text(text_page, text)
     present = encodings(page / RUNS)
     baseline = next((["--against", name] for name in AGAINST if name in present), [])   # none until one has run
     compare(page / RUNS, *baseline, "--plots", str(page / FIGURES), "--html", str(page / REPORT), "--force")

@@ -25,7 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "studies"))
 
-import publish  # noqa: E402  (a script of studies/, not a package)
+import cost  # noqa: E402  (scripts of studies/, not a package)
+import publish  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "study"
 CPU = ROOT / "docs" / "studies" / "cpu"
@@ -53,6 +54,31 @@ def test_committed_plateau_verdicts_are_the_rule_over_the_runs(page):
     assert publish.plateaus(page / publish.RUNS) == (page / publish.PLATEAU).read_text()
 
 
+@pytest.mark.parametrize("page", [FIXTURE, CPU_V1, CPU_V2, ARITHMETIC, ARITHMETIC_8K],
+                         ids=["fixture", "cpu-v1", "cpu-v2", "arithmetic", "arithmetic-8k"])
+def test_committed_cost_is_the_cells_measured_time(page):
+    assert cost.cost(page / publish.RUNS) == (page / publish.COST).read_text()
+
+
+def test_cost_sums_each_cells_total_time(tmp_path):
+    """Independently of cost.py's grouping: the study's total is the sum of the records' total_s, and a cell's time
+    raised by 600 s raises its encoding's total by 10 minutes and the study's by 1/6 h."""
+    runs = shutil.copytree(FIXTURE / publish.RUNS, tmp_path / publish.RUNS)
+    records = sorted(runs.glob("*/result.json"))
+    seconds = sum(json.loads(p.read_text())["timings"]["total_s"] for p in records)
+    text = cost.cost(runs)
+    assert f"**In all: {len(records)} cells, {seconds / 3600:.2f} h of cell time.**" in text
+    record = json.loads((runs / "perplexity-alibi-tiny-s0" / "result.json").read_text())
+    before = sum(json.loads(p.read_text())["timings"]["total_s"] for p in records
+                 if "perplexity-alibi" in p.parent.name)
+    record["timings"]["total_s"] += 600.0
+    (runs / "perplexity-alibi-tiny-s0" / "result.json").write_text(json.dumps(record))
+    raised = cost.cost(runs)
+    row = next(line for line in raised.split("### perplexity", 1)[1].splitlines() if line.startswith("| alibi |"))
+    assert row.endswith(f"| {(before + 600.0) / 60:.1f} |")
+    assert f"**In all: {len(records)} cells, {(seconds + 600.0) / 3600:.2f} h of cell time.**" in raised
+
+
 @pytest.mark.parametrize("study", PAGES)
 def test_the_cpu_pages_quote_their_tables_word_for_word(study):
     folder, text_page = PAGES[study]
@@ -63,8 +89,9 @@ def test_the_cpu_pages_quote_their_tables_word_for_word(study):
     for block in blocks:
         assert block and block in tables, block[:200]
     assert publish.refresh_quotes(page, tables) == page, "rewrite the page: python studies/publish.py ..."
-    if "<!-- plateau.md -->" in page:
-        assert publish.refresh_plateau(page, (folder / publish.PLATEAU).read_text()) == page
+    for name in (publish.PLATEAU, publish.COST):
+        if f"<!-- {name} -->" in page:
+            assert publish.refresh_copy(page, name, (folder / name).read_text()) == page, f"rewrite {name}'s copy"
 
 
 def test_a_quote_that_drifted_is_rewritten_and_an_unknown_one_refused():
