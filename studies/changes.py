@@ -6,12 +6,19 @@
 For each task and each metric both versions report, one markdown table: encoding, the earlier version's mean over
 its seeds, the later one's, the change, and the seeds behind each (a cell still running counts no seed). Means
 are plain means of the result files' values (``compare`` gives the intervals and paired differences; this is the
-before/after view). tests/test_study_tables.py checks that a committed changes.md is what this prints.
+before/after view).
+
+Then the verdicts that moved: for each baseline of the study's tables (RoPE, ALiBi), ``posbench compare --against``
+over each version gives every encoding's paired difference and its verdict (better / worse / - for no difference);
+one table per task lists the (encoding, metric) pairs whose verdict differs between the versions, each with both
+differences and intervals, and says how many kept theirs. tests/test_study_tables.py checks that a committed
+changes.md is what this prints.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -54,11 +61,56 @@ def changes(before: Path, after: Path, labels: tuple[str, str] = ("v1", "v2")) -
     return "\n".join(out)
 
 
+BASELINES = ("rope", "alibi")
+
+
+def differences(runs: Path, baseline: str) -> dict[tuple[str, str, str], dict]:
+    """(task, encoding, metric) -> compare's paired difference to ``baseline`` (its verdict, value, interval,
+    seeds), from ``posbench compare RUNS --against BASELINE --format json`` in a fresh process."""
+    proc = subprocess.run([sys.executable, "-m", "posbench", "compare", str(runs), "--against", baseline,
+                           "--format", "json"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: posbench compare {runs} failed: {(proc.stderr or proc.stdout).strip()}")
+    return {(table["task"], d["label"], d["metric"]): d
+            for table in json.loads(proc.stdout)["tables"] for d in table["differences"]}
+
+
+def said(d: dict) -> str:
+    """A difference as the verdict and its numbers: ``worse: +4.37 [+3.90, +4.84]``."""
+    verdict = d["verdict"] if d["verdict"] in ("better", "worse") else "no difference"
+    return f"{verdict}: {d['difference']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
+
+
+def moved(before: Path, after: Path, labels: tuple[str, str] = ("v1", "v2")) -> str:
+    out = ["## Verdicts that moved", ""]
+    for baseline in BASELINES:
+        old, new = differences(before, baseline), differences(after, baseline)
+        both = sorted(set(old) & set(new))
+        for task in sorted({key[0] for key in both}):
+            keys = [key for key in both if key[0] == task]
+            changed = [key for key in keys if old[key]["verdict"] != new[key]["verdict"]]
+            out += [f"### {task}: against {baseline}", "",
+                    f"{len(changed)} of {len(keys)} verdicts moved (paired 95% intervals; {labels[1]}'s over the "
+                    f"seeds it has).", ""]
+            if changed:
+                out += [f"| encoding | metric | {labels[0]} | {labels[1]} | seeds {labels[0]} / {labels[1]} |",
+                        "|---|---|---|---|---:|"]
+                out += [f"| {key[1]} | {key[2]} | {said(old[key])} | {said(new[key])} | "
+                        f"{old[key]['seeds']} / {new[key]['seeds']} |" for key in changed]
+                out.append("")
+    return "\n".join(out)
+
+
+def report(before: Path, after: Path) -> str:
+    """changes.md: the means side by side, then the verdicts that moved."""
+    return changes(before, after) + "\n" + moved(before, after)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or not all(Path(a).is_dir() for a in argv):
         print("usage: python studies/changes.py EARLIER_RUNS LATER_RUNS", file=sys.stderr)
         return 2
-    sys.stdout.write(changes(Path(argv[0]), Path(argv[1])))
+    sys.stdout.write(report(Path(argv[0]), Path(argv[1])))
     return 0
 
 

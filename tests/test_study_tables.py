@@ -222,7 +222,7 @@ def test_restore_puts_published_cells_back_where_a_sweep_finds_them_finished(tmp
 def test_committed_changes_from_v1_are_the_means_of_both_versions():
     import changes  # noqa: E402  (a script of studies/)
 
-    assert changes.changes(CPU_V1 / publish.RUNS, CPU_V2 / publish.RUNS) == (CPU_V2 / "changes.md").read_text()
+    assert changes.report(CPU_V1 / publish.RUNS, CPU_V2 / publish.RUNS) == (CPU_V2 / "changes.md").read_text()
 
 
 def test_changes_are_the_difference_of_the_means(tmp_path):
