@@ -240,3 +240,23 @@ def test_changes_are_the_difference_of_the_means(tmp_path):
     moved = changes.changes(FIXTURE / publish.RUNS, runs)
     section = moved.split("### perplexity: ppl_2x", 1)[1].split("###", 1)[0]
     assert "| +1.50 | 2 / 2 |" in [line for line in section.splitlines() if line.startswith("| alibi")][0]
+
+
+def test_a_verdict_that_moved_is_listed_with_both_differences(tmp_path):
+    """Against itself no verdict moves; ALiBi's ppl_2x raised to RoPE's plus 5.0 and 5.2 (seeds 0, 1) becomes worse
+    than RoPE by 5.1 (the mean of the paired differences), and only that pair is listed against RoPE."""
+    import changes  # noqa: E402
+
+    same = changes.moved(FIXTURE / publish.RUNS, FIXTURE / publish.RUNS)
+    assert "| encoding |" not in same and "0 of " in same
+    runs = shutil.copytree(FIXTURE / publish.RUNS, tmp_path / publish.RUNS)
+    for seed, gap in ((0, 5.0), (1, 5.2)):
+        rope = json.loads((runs / f"perplexity-rope-tiny-s{seed}" / "result.json").read_text())
+        path = runs / f"perplexity-alibi-tiny-s{seed}" / "result.json"
+        record = json.loads(path.read_text())
+        record["metrics"]["ppl_2x"]["value"] = rope["metrics"]["ppl_2x"]["value"] + gap
+        path.write_text(json.dumps(record))
+    section = changes.moved(FIXTURE / publish.RUNS, runs).split("### perplexity: against rope", 1)[1].split("###")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| alibi")]
+    assert len(rows) == 1 and rows[0].startswith("| alibi | ppl_2x | no difference: ")
+    assert "| worse: +5.10 [" in rows[0] and rows[0].endswith("| 2 / 2 |")
