@@ -11,7 +11,10 @@ before/after view).
 Then the verdicts that moved: for each baseline of the study's tables (RoPE, ALiBi), ``posbench compare --against``
 over each version gives every encoding's paired difference and its verdict (better / worse / - for no difference);
 one table per task lists the (encoding, metric) pairs whose verdict differs between the versions, each with both
-differences and intervals, and says how many kept theirs. tests/test_study_tables.py checks that a committed
+differences and intervals, and says how many kept theirs, how many of the moves compare versions with unequal
+seeds (an interval over fewer seeds is wider: a move to "no difference" there may be the seeds', not the
+encoding's), and which pairs only one version has. A pair without an interval (one seed, no paired examples)
+has no verdict to move and is listed as such. tests/test_study_tables.py checks that a committed
 changes.md is what this prints.
 """
 
@@ -64,19 +67,34 @@ def changes(before: Path, after: Path, labels: tuple[str, str] = ("v1", "v2")) -
 BASELINES = ("rope", "alibi")
 
 
+class ChangesError(Exception):
+    """Something the user can fix; ``str()`` is one line."""
+
+
 def differences(runs: Path, baseline: str) -> dict[tuple[str, str, str], dict]:
-    """(task, encoding, metric) -> compare's paired difference to ``baseline`` (its verdict, value, interval,
+    """(task, row label, metric) -> compare's paired difference to ``baseline`` (its verdict, value, interval,
     seeds), from ``posbench compare RUNS --against BASELINE --format json`` in a fresh process."""
     proc = subprocess.run([sys.executable, "-m", "posbench", "compare", str(runs), "--against", baseline,
                            "--format", "json"], capture_output=True, text=True)
+    said_last = next((line for line in reversed((proc.stderr or proc.stdout).splitlines()) if line.strip()), "")
     if proc.returncode != 0:
-        raise SystemExit(f"error: posbench compare {runs} failed: {(proc.stderr or proc.stdout).strip()}")
-    return {(table["task"], d["label"], d["metric"]): d
-            for table in json.loads(proc.stdout)["tables"] for d in table["differences"]}
+        raise ChangesError(f"posbench compare {runs} --against {baseline} failed: {said_last.strip()}")
+    try:
+        tables = json.loads(proc.stdout)["tables"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ChangesError(f"posbench compare {runs} printed no JSON tables ({exc})") from None
+    return {(table["task"], d["label"], d["metric"]): d for table in tables for d in table["differences"]}
+
+
+def has_interval(d: dict) -> bool:
+    return d.get("ci_low") is not None and d.get("ci_high") is not None
 
 
 def said(d: dict) -> str:
-    """A difference as the verdict and its numbers: ``worse: +4.37 [+3.90, +4.84]``."""
+    """A difference as the verdict and its numbers: ``worse: +4.37 [+3.90, +4.84]``; without an interval
+    ``no interval: +4.37 (1 seed)``."""
+    if not has_interval(d):
+        return f"no interval: {d['difference']:+.2f} ({d.get('seeds')} seed(s))"
     verdict = d["verdict"] if d["verdict"] in ("better", "worse") else "no difference"
     return f"{verdict}: {d['difference']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
 
@@ -85,19 +103,28 @@ def moved(before: Path, after: Path, labels: tuple[str, str] = ("v1", "v2")) -> 
     out = ["## Verdicts that moved", ""]
     for baseline in BASELINES:
         old, new = differences(before, baseline), differences(after, baseline)
-        both = sorted(set(old) & set(new))
-        for task in sorted({key[0] for key in both}):
-            keys = [key for key in both if key[0] == task]
-            changed = [key for key in keys if old[key]["verdict"] != new[key]["verdict"]]
+        for task in sorted({key[0] for key in old} | {key[0] for key in new}):
+            both = sorted(key for key in set(old) & set(new) if key[0] == task)
+            judged = [key for key in both if has_interval(old[key]) and has_interval(new[key])]
+            changed = [key for key in judged if old[key]["verdict"] != new[key]["verdict"]]
+            unequal = [key for key in changed if old[key]["seeds"] != new[key]["seeds"]]
             out += [f"### {task}: against {baseline}", "",
-                    f"{len(changed)} of {len(keys)} verdicts moved (paired 95% intervals; {labels[1]}'s over the "
-                    f"seeds it has).", ""]
+                    f"{len(changed)} of {len(judged)} verdicts moved (paired 95% intervals); {len(unequal)} of the "
+                    f"moves compare unequal numbers of seeds.", ""]
             if changed:
                 out += [f"| encoding | metric | {labels[0]} | {labels[1]} | seeds {labels[0]} / {labels[1]} |",
                         "|---|---|---|---|---:|"]
                 out += [f"| {key[1]} | {key[2]} | {said(old[key])} | {said(new[key])} | "
                         f"{old[key]['seeds']} / {new[key]['seeds']} |" for key in changed]
                 out.append("")
+            unjudged = [key for key in both if key not in judged]
+            if unjudged:
+                out += ["Without an interval in a version (no verdict to compare): " +
+                        "; ".join(f"{k[1]} {k[2]} ({said(old[k])} / {said(new[k])})" for k in unjudged), ""]
+            for version, mine, other in ((labels[0], old, new), (labels[1], new, old)):
+                alone = sorted(f"{k[1]} {k[2]}" for k in mine if k[0] == task and k not in other)
+                if alone:
+                    out += [f"Only in {version}: " + ", ".join(alone) + ".", ""]
     return "\n".join(out)
 
 
@@ -110,7 +137,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2 or not all(Path(a).is_dir() for a in argv):
         print("usage: python studies/changes.py EARLIER_RUNS LATER_RUNS", file=sys.stderr)
         return 2
-    sys.stdout.write(report(Path(argv[0]), Path(argv[1])))
+    try:
+        sys.stdout.write(report(Path(argv[0]), Path(argv[1])))
+    except ChangesError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -3,9 +3,10 @@
 
     python studies/cost.py docs/studies/cpu/v2/runs          (studies/publish.py writes it to PAGE/cost.md)
 
-Each cell's time is its record's ``timings.total_s``: training (summed over resumes: a killed cell's steps after
-its last checkpoint are lost and not counted), evaluation and the probes, as the cell's own process measured them;
-not the start-up, nor the time a cell waited for a core. One table per task (encoding, cells, the CPUs they ran on,
+Each cell's time is its record's ``timings.total_s`` as ``posbench.runs.record.record_seconds`` reads it: the wall
+time of the process that finished the cell, and never less than its training and probes (summed over resumes; a
+killed cell's steps after its last checkpoint are lost and not counted) and evaluation. Not counted: an earlier
+process's start-up, and the time a cell waited for a core. One table per task (encoding, cells, the CPUs they ran on,
 minutes per cell, the encoding's total), then the study's total in hours. On a machine shared with other work the
 times are upper bounds of what quiet cores would take; the CPUs column says which machine each row's cells ran on.
 tests/test_study_tables.py checks that a committed cost.md is what this prints over the committed runs.
@@ -18,20 +19,25 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from posbench.runs.record import record_seconds
+
 
 def cells(runs: Path) -> dict[str, dict[str, list[tuple[float, str]]]]:
     """task -> encoding -> (seconds, CPU) of each finished cell under ``runs``."""
     found: dict[str, dict[str, list[tuple[float, str]]]] = defaultdict(lambda: defaultdict(list))
     for path in sorted(runs.glob("*/result.json")):
         record = json.loads(path.read_text())
-        seconds = float((record.get("timings") or {}).get("total_s") or 0.0)
+        seconds = record_seconds(record) or 0.0
         cpu = str((record.get("environment") or {}).get("device_name") or "unknown")
         found[record["task"]][record["encoding"]].append((seconds, cpu))
     return found
 
 
 def short(cpu: str) -> str:
-    """A CPU's name without its vendor's trademarks and the instruction-set note: 'Intel Xeon', 'AMD EPYC'."""
+    """A CPU's name without its vendor's trademarks and the instruction-set note: 'Intel Xeon', 'AMD EPYC'; a bare
+    architecture (older records held ``platform.machine()``) as 'unknown (x86_64)'."""
+    if cpu in ("x86_64", "AMD64", "aarch64", "arm64", "unknown"):
+        return f"unknown ({cpu})" if cpu != "unknown" else cpu
     for noise in ("(R)", "(TM)", "(AVX512)", " Processor", " CPU"):
         cpu = cpu.replace(noise, "")
     return " ".join(cpu.split())

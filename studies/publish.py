@@ -22,7 +22,8 @@ to ``PAGE/runs/<cell id>/``; checkpoints stay behind. Then, over ``PAGE/runs`` o
 A page (the third argument, by default ``PAGE.md`` beside PAGE, e.g. docs/studies/cpu/v1.md) may quote tables of tables.md between
 ``<!-- tables.md: BASELINE HEADING -->`` and ``<!-- /tables.md -->`` (HEADING: the line above the table in the
 section of that baseline, e.g. ``### perplexity`` or ``**perplexity: difference to rope``); each quote is
-rewritten from tables.md. A rerun copies the cells finished since and rewrites all of these, each file
+rewritten from tables.md. It may also hold whole copies of plateau.md and cost.md, each between a line
+``<!-- plateau.md -->`` (or ``<!-- cost.md -->``) and ``<!-- /plateau.md -->``, rewritten likewise. A rerun copies the cells finished since and rewrites all of these, each file
 atomically. tests/test_study_tables.py checks that a committed tables.md is what compare prints over the
 committed runs, and that the page's quotes are tables.md's, so a page cannot drift from its data.
 """
@@ -169,10 +170,17 @@ def plateaus(runs: Path) -> str:
 
 
 def refresh_copy(page_text: str, name: str, text: str) -> str:
-    """The page's copy of a whole file (between ``<!-- NAME -->`` and ``<!-- /NAME -->``, e.g. plateau.md),
-    rewritten."""
-    quote = re.compile(rf"(<!-- {re.escape(name)} -->\n)(.*?)(<!-- /{re.escape(name)} -->)", re.S)
-    return quote.sub(lambda m: m.group(1) + text + m.group(3), page_text)
+    """The page's copies of a whole file (each between a line ``<!-- NAME -->`` and ``<!-- /NAME -->``, e.g.
+    plateau.md), rewritten; a copy whose markers do not pair up is refused rather than rewritten across the prose
+    between two copies."""
+    opening, closing = f"<!-- {name} -->", f"<!-- /{name} -->"
+    body = rf"(?:(?!{re.escape(opening)}).)*?"          # never across another copy's opening marker
+    quote = re.compile(rf"({re.escape(opening)}\n)({body})({re.escape(closing)})", re.S)
+    fresh, copies = quote.subn(lambda m: m.group(1) + text + m.group(3), page_text)
+    if copies != page_text.count(opening) or copies != page_text.count(closing):
+        raise PublishError(f"the page's copies of {name} do not pair up: {page_text.count(opening)} '{opening}' "
+                           f"(each alone on its line), {page_text.count(closing)} '{closing}'")
+    return fresh
 
 
 def write_page(page: Path, text_page: Path | None = None) -> None:
@@ -205,7 +213,8 @@ def main(argv: list[str]) -> int:
     except (PublishError, UserError) as exc:        # UserError: a file that cannot be written, in one line
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{len(runs)} finished cell(s), {changed} new; wrote {page / TABLES}, {page / FIGURES}/, {page / REPORT}")
+    print(f"{len(runs)} finished cell(s), {changed} new; wrote {page / TABLES}, {page / PLATEAU}, {page / COST}, "
+          f"{page / FIGURES}/, {page / REPORT}")
     return 0
 
 

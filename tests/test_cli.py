@@ -203,10 +203,15 @@ def test_resume_flag_finishes_a_killed_run(capsys, tmp_path):
         assert code == 0, err
         assert [c["encoding"] for c in json.loads(out)] == ["rope"] and "has finished" not in err
         assert not (run_dir / "result.json").exists()
+    state = next(run_dir.rglob("train_state.json"))        # the killed process trained for 1,000 s, say
+    saved = json.loads(state.read_text())
+    state.write_text(json.dumps({**saved, "train_s": 1000.0}))
     code, out, err = run_cli(capsys, "run", "--resume", str(run_dir), "-q")
     assert code == 0, err
     result = json.loads((run_dir / "result.json").read_text())
     assert result["training"]["steps"] == 6 and result["training"]["resumed_from"] == [2]
+    timings = result["timings"]                            # the run's time holds the earlier process's training
+    assert timings["train_s"] >= 1000.0 and timings["total_s"] >= timings["train_s"] + timings["eval_s"] - 1e-3
     code, out, err = run_cli(capsys, "run", "--resume", str(run_dir), "--dry-run")
     assert code == 0 and "has finished: --resume would refuse it" in err
 

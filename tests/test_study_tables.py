@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,6 +59,55 @@ def test_committed_plateau_verdicts_are_the_rule_over_the_runs(page):
                          ids=["fixture", "cpu-v1", "cpu-v2", "arithmetic", "arithmetic-8k"])
 def test_committed_cost_is_the_cells_measured_time(page):
     assert cost.cost(page / publish.RUNS) == (page / publish.COST).read_text()
+
+
+def test_a_resumed_cell_costs_at_least_its_training(tmp_path):
+    """Records written before the rule kept a resumed run's last process alone in total_s (91 s for a cell that
+    trained 902 s): its cost is its training, probes and evaluation, and a record that holds more keeps its own."""
+    from posbench.runs.record import record_seconds
+
+    resumed = {"timings": {"train_s": 901.6, "eval_s": 2.8, "total_s": 91.3},
+               "training": {"train_s": 901.6, "probe_s": 10.0, "resumed_from": [2300]}}
+    assert record_seconds(resumed) == pytest.approx(901.6 + 2.8 + 10.0, abs=1e-9)
+    whole = {"timings": {"train_s": 650.1, "eval_s": 2.4, "total_s": 654.4}, "training": {"train_s": 650.1}}
+    assert record_seconds(whole) == pytest.approx(654.4, abs=1e-9)
+    assert record_seconds({"task": "passkey"}) is None
+    runs = shutil.copytree(FIXTURE / publish.RUNS, tmp_path / publish.RUNS)
+    path = runs / "passkey-rope-tiny-s0" / "result.json"
+    record = json.loads(path.read_text())
+    record["timings"].update(train_s=3000.0, eval_s=0.0, total_s=1.0)
+    path.write_text(json.dumps(record))
+    row = next(line for line in cost.cost(runs).split("### passkey", 1)[1].splitlines() if line.startswith("| rope |"))
+    other = json.loads((runs / "passkey-rope-tiny-s1" / "result.json").read_text())["timings"]["total_s"]
+    assert row.endswith(f"| {(3000.0 + other) / 60:.1f} |")
+
+
+def test_a_page_copy_is_rewritten_and_unpaired_markers_refused():
+    """Two copies of cost.md are both rewritten and the prose between them kept; an opening marker without its
+    closing one is refused rather than rewritten across the prose."""
+    page = "a\n<!-- cost.md -->\nold 1\n<!-- /cost.md -->\nprose\n<!-- cost.md -->\nold 2\n<!-- /cost.md -->\nb\n"
+    fresh = publish.refresh_copy(page, "cost.md", "new\n")
+    assert fresh == "a\n<!-- cost.md -->\nnew\n<!-- /cost.md -->\nprose\n<!-- cost.md -->\nnew\n<!-- /cost.md -->\nb\n"
+    assert publish.refresh_copy(fresh, "plateau.md", "x\n") == fresh
+    unclosed = page.replace("old 1\n<!-- /cost.md -->\n", "old 1\n")
+    with pytest.raises(publish.PublishError, match="do not pair up"):
+        publish.refresh_copy(unclosed, "cost.md", "new\n")
+    with pytest.raises(publish.PublishError, match="do not pair up"):
+        publish.refresh_copy("<!-- cost.md --> \nold\n<!-- /cost.md -->\n", "cost.md", "new\n")
+
+
+def test_changes_without_an_interval_or_with_a_failing_compare(tmp_path, capsys):
+    """A difference without an interval (one seed, nothing to pair) is said as such, not as 'no difference'; a
+    compare that fails is one line and exit code 2."""
+    import changes  # noqa: E402
+
+    lone = {"verdict": "-", "difference": 1.234, "ci_low": None, "ci_high": None, "seeds": 1}
+    assert changes.said(lone) == "no interval: +1.23 (1 seed(s))"
+    assert changes.said({**lone, "ci_low": 0.5, "ci_high": 2.0, "verdict": "worse"}) == "worse: +1.23 [+0.50, +2.00]"
+    (tmp_path / "empty").mkdir()
+    assert changes.main([str(tmp_path / "empty"), str(FIXTURE / publish.RUNS)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: posbench compare ") and err.count("\n") == 1
 
 
 def test_cost_sums_each_cells_total_time(tmp_path):
@@ -248,7 +298,9 @@ def test_a_verdict_that_moved_is_listed_with_both_differences(tmp_path):
     import changes  # noqa: E402
 
     same = changes.moved(FIXTURE / publish.RUNS, FIXTURE / publish.RUNS)
-    assert "| encoding |" not in same and "0 of " in same
+    counts = [line for line in same.splitlines() if "verdicts moved" in line]
+    assert "| encoding |" not in same and len(counts) == 4          # two tasks x two baselines
+    assert all(re.match(r"^0 of [1-9]\d* verdicts moved", line) for line in counts), counts
     runs = shutil.copytree(FIXTURE / publish.RUNS, tmp_path / publish.RUNS)
     for seed, gap in ((0, 5.0), (1, 5.2)):
         rope = json.loads((runs / f"perplexity-rope-tiny-s{seed}" / "result.json").read_text())

@@ -16,7 +16,7 @@ reader (``compare``, the figures, the HTML page, ``posbench.results.frame``).
       "init": null | {"run" (what --init named), "kind", "label", "checkpoint_sha256", ...},
       "data": {"source", "hash", ...task-specific},
       "training": TrainResult.to_dict() (or, for runs of several phases, the last phase's) + "phases",
-      "timings": {"train_s", "eval_s", "total_s", "tokens_per_s"},
+      "timings": {"train_s", "eval_s", "total_s", "tokens_per_s"} (total_s: see ``total_seconds``),
       "metrics": {name: {"value", "stderr", "n", "higher_is_better"}},
       "primary_metric": name,
       "grids": {name: {"metric", "higher_is_better", "axes": [{"name", "values"}], "values": nested lists,
@@ -60,6 +60,24 @@ class Timings:
     eval_s: float | None = None
     total_s: float | None = None
     tokens_per_s: float | None = None
+
+
+def total_seconds(elapsed: float, train_s: float, eval_s: float, probe_s: float) -> float:
+    """A run's ``total_s``: the wall time of the process that finished it, but never less than the work the record
+    holds (training and probes summed over resumes, and evaluation). A resumed run's finishing process may have
+    trained only its last steps; the earlier processes' start-up is not known and not counted."""
+    return max(elapsed, train_s + eval_s + probe_s)
+
+
+def record_seconds(result: dict[str, Any]) -> float | None:
+    """``total_seconds`` of a result.json as read (``None`` without timings): records written before the rule
+    held a resumed run's last process alone, less than its own training time."""
+    timings, training = result.get("timings") or {}, result.get("training") or {}
+    numbers = [timings.get("total_s"), timings.get("train_s") or 0.0, timings.get("eval_s") or 0.0,
+               training.get("probe_s") or 0.0]
+    if not all(isinstance(n, (int, float)) for n in numbers):
+        return None
+    return total_seconds(*(float(n) for n in numbers))
 
 
 @dataclass

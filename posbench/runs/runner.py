@@ -26,7 +26,7 @@ from posbench.files import check_name
 from posbench.reporters import NullReporter
 from posbench.runs.config import RunConfig, with_source
 from posbench.runs.record import RESULT_FILE, ResultError, RunRecord, Timings, environment_info, posbench_info, \
-    write_record
+    total_seconds, write_record
 from posbench.runs.store import (CHECKPOINT_DIR, RunLock, new_run_dir, now_iso, read_config, read_phase,
                                  remove_unstarted, write_config, write_phase, write_predictions)
 from posbench.train import distributed
@@ -118,7 +118,9 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
         metrics=dict(evaluation.metrics), primary_metric=evaluation.primary, grids=dict(evaluation.grids),
         model_config=model.config.to_dict() if model is not None else {}, training=training,
         timings=Timings(round(training.get("train_s", 0.0), 3), round(eval_s, 3),
-                        round(time.perf_counter() - started, 3), round(training.get("tokens_per_s", 0.0), 1)),
+                        round(total_seconds(time.perf_counter() - started, training.get("train_s", 0.0), eval_s,
+                                            training.get("probe_s", 0.0)), 3),
+                        round(training.get("tokens_per_s", 0.0), 1)),
         environment={**environment_info(device, precision),
                      **({"compile_fallbacks": fallbacks.found} if fallbacks.found else {})},
         seeds={**seeds, **task.seeds()},

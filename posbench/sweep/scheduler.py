@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from posbench.files import json_object
+from posbench.runs.record import record_seconds
 from posbench.sweep.cell import CELL_FILE, LOG_FILE, SPEC_FILE, finished_run, last_line, read_record, \
     unfinished_run, write
 from posbench.sweep.plan import Cell
@@ -172,7 +173,8 @@ class Sweep:
 
 def finished(cell: Cell, state: str, run_dir: Path, log: str, note: str) -> Outcome:
     """An outcome for a cell with a finished run: its primary metric and its time from ``result.json`` (the run's
-    own ``total_s``, whichever sweep finished it: a rerun shows the same time for the same cell)."""
+    own ``total_s`` as ``record_seconds`` reads it, whichever sweep finished it: a rerun shows the same time for
+    the same cell)."""
     result = json_object(Path(run_dir) / "result.json") or {}
     primary = result.get("primary_metric")
     metric = (result.get("metrics") or {}).get(primary) or {}
@@ -181,6 +183,5 @@ def finished(cell: Cell, state: str, run_dir: Path, log: str, note: str) -> Outc
     if state == "resumed" and resumed:
         note = f"resumed from step {resumed[-1]}"
     text = f"{primary} {value:.4g}" if isinstance(value, (int, float)) else ""
-    seconds = (result.get("timings") or {}).get("total_s")
     return Outcome(cell, state, note=note, run_dir=str(run_dir), log=log, metric=text,
-                   seconds=seconds if isinstance(seconds, (int, float)) else None)
+                   seconds=record_seconds(result))
