@@ -10,7 +10,8 @@ to ``PAGE/runs/<cell id>/``; checkpoints stay behind. Then, over ``PAGE/runs`` o
 
     PAGE/tables.md      exactly what ``posbench compare PAGE/runs --against rope --format markdown`` prints,
                         then the same ``--against alibi`` (the papers of KERPLE, Sandwich, DAPE compare to ALiBi);
-                        while neither has run, ``## Against none`` and compare's tables without differences
+                        while neither has run, ``## Against none`` and compare's tables without differences;
+                        then ``## Every run``: ``--by-run``, one row per cell (each seed's own numbers)
     PAGE/figures/       ``--plots``
     PAGE/report.html    ``--html``
     PAGE/plateau.md     per cell, whether its training loss (or, for a cell with a probe, its probed
@@ -20,7 +21,8 @@ to ``PAGE/runs/<cell id>/``; checkpoints stay behind. Then, over ``PAGE/runs`` o
                         (studies/cost.py)
 
 A page (the third argument, by default ``PAGE.md`` beside PAGE, e.g. docs/studies/cpu/v1.md) may quote tables of tables.md between
-``<!-- tables.md: BASELINE HEADING -->`` and ``<!-- /tables.md -->`` (HEADING: the line above the table in the
+``<!-- tables.md: BASELINE HEADING -->`` and ``<!-- /tables.md -->`` (BASELINE ``runs`` for ``## Every run``;
+HEADING: the line above the table in the
 section of that baseline, e.g. ``### perplexity`` or ``**perplexity: difference to rope``); each quote is
 rewritten from tables.md. It may also hold whole copies of plateau.md and cost.md, each between a line
 ``<!-- plateau.md -->`` (or ``<!-- cost.md -->``) and ``<!-- /plateau.md -->``, rewritten likewise. A rerun copies the cells finished since and rewrites all of these, each file
@@ -45,6 +47,7 @@ import cost  # noqa: E402  (studies/cost.py, a script beside this one)
 from posbench.files import atomic_save, atomic_write_text, read_unzipped
 
 AGAINST = ("rope", "alibi")      # the tables' baselines: the first is the figures' and the report's too
+EVERY_RUN = "Every run"           # tables.md's last section: compare --by-run, one row per cell
 TABLES, FIGURES, REPORT, RUNS, PLATEAU, COST = "tables.md", "figures", "report.html", "runs", "plateau.md", "cost.md"
 COPIED = ("result.json", "predictions.jsonl")
 #: predictions larger than this are kept gzipped (``predictions.jsonl.gz``: the same bytes once decompressed;
@@ -115,18 +118,22 @@ def encodings(runs: Path) -> set[str]:
 def tables(runs: Path) -> str:
     """The page's tables: compare's markdown with every encoding's paired difference to each baseline it has."""
     present = encodings(runs)
+    every_run = f"## {EVERY_RUN}\n\n" + compare(runs, "--by-run", "--format", "markdown") + "\n"
     if not any(name in present for name in AGAINST):       # no baseline has run yet: the tables alone
-        return "## Against none\n\n" + compare(runs, "--format", "markdown") + "\n"
+        return "## Against none\n\n" + compare(runs, "--format", "markdown") + "\n" + every_run
     return "".join(f"## Against {name}\n\n" + compare(runs, "--against", name, "--format", "markdown") + "\n"
-                   for name in AGAINST if name in present)
+                   for name in AGAINST if name in present) + every_run
 
 
 QUOTE = re.compile(r"(<!-- tables\.md: (\w+) (.+?) -->)(.*?)(<!-- /tables\.md -->)", re.S)
 
 
 def sections(text: str) -> dict[str, str]:
-    """tables.md by baseline: {"rope": the text under "## Against rope", ...}."""
-    return dict(re.findall(r"^## Against (\w+)\n(.*?)(?=^## Against |\Z)", text, re.S | re.M))
+    """tables.md by section: {"rope": the text under "## Against rope", ..., "runs": the text under "## Every run"}
+    (a page quotes the per-cell tables as ``<!-- tables.md: runs ### passkey -->``)."""
+    found = dict(re.findall(r"^## Against (\w+)\n(.*?)(?=^## |\Z)", text, re.S | re.M))
+    every = re.search(rf"^## {EVERY_RUN}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    return {**found, **({"runs": every.group(1)} if every else {})}
 
 
 def table_after(text: str, heading: str) -> str:

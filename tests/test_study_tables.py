@@ -154,6 +154,23 @@ def test_a_quote_that_drifted_is_rewritten_and_an_unknown_one_refused():
         publish.refresh_quotes(page.replace("### perplexity", "### passkey"), tables)
 
 
+def test_a_page_quotes_the_per_cell_table_from_every_run():
+    """``runs`` names tables.md's last section (compare --by-run): the same heading under a baseline is another
+    table, and each quote takes its own section's."""
+    tables = ("## Against rope\n\n### passkey\n\n| encoding | acc |\n|---|---|\n| rope | 50.00 |\n\n"
+              "## Every run\n\n### passkey\n\n| encoding | acc |\n|---|---|\n| rope (seed 0) | 40.00 |\n"
+              "| rope (seed 1) | 60.00 |\n")
+    page = ("<!-- tables.md: runs ### passkey -->\nold\n<!-- /tables.md -->\n"
+            "<!-- tables.md: rope ### passkey -->\nold\n<!-- /tables.md -->\n")
+    fresh = publish.refresh_quotes(page, tables)
+    first, second = fresh.split("<!-- /tables.md -->")[:2]
+    assert "rope (seed 0) | 40.00" in first and "rope (seed 1) | 60.00" in first and "50.00" not in first
+    assert "| rope | 50.00 |" in second and "seed" not in second
+    assert sorted(publish.sections(tables)) == ["rope", "runs"]
+    committed = (FIXTURE / publish.TABLES).read_text()
+    assert committed.count("## Every run") == 1 and "(seed 1" in publish.sections(committed)["runs"]
+
+
 def test_a_changed_result_file_changes_the_table(tmp_path):
     runs = shutil.copytree(FIXTURE / publish.RUNS, tmp_path / publish.RUNS)
     result = runs / "perplexity-alibi-tiny-s0" / "result.json"
