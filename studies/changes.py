@@ -76,8 +76,8 @@ def differences(runs: Path, baseline: str) -> dict[tuple[str, str, str], dict]:
     seeds), from ``posbench compare RUNS --against BASELINE --format json`` in a fresh process."""
     proc = subprocess.run([sys.executable, "-m", "posbench", "compare", str(runs), "--against", baseline,
                            "--format", "json"], capture_output=True, text=True)
-    said_last = next((line for line in reversed((proc.stderr or proc.stdout).splitlines()) if line.strip()), "")
     if proc.returncode != 0:
+        said_last = next((line for line in reversed((proc.stderr or proc.stdout).splitlines()) if line.strip()), "")
         raise ChangesError(f"posbench compare {runs} --against {baseline} failed: {said_last.strip()}")
     try:
         tables = json.loads(proc.stdout)["tables"]

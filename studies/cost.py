@@ -36,8 +36,8 @@ def cells(runs: Path) -> dict[str, dict[str, list[tuple[float, str]]]]:
 def short(cpu: str) -> str:
     """A CPU's name without its vendor's trademarks and the instruction-set note: 'Intel Xeon', 'AMD EPYC'; a bare
     architecture (older records held ``platform.machine()``) as 'unknown (x86_64)'."""
-    if cpu in ("x86_64", "AMD64", "aarch64", "arm64", "unknown"):
-        return f"unknown ({cpu})" if cpu != "unknown" else cpu
+    if cpu in ("x86_64", "AMD64", "aarch64", "arm64"):
+        return f"unknown ({cpu})"
     for noise in ("(R)", "(TM)", "(AVX512)", " Processor", " CPU"):
         cpu = cpu.replace(noise, "")
     return " ".join(cpu.split())

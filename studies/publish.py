@@ -41,10 +41,10 @@ import sys
 from pathlib import Path
 
 from posbench.errors import UserError
+from posbench.files import atomic_save, atomic_write_text, read_unzipped
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cost  # noqa: E402  (studies/cost.py, a script beside this one)
-from posbench.files import atomic_save, atomic_write_text, read_unzipped
 
 AGAINST = ("rope", "alibi")      # the tables' baselines: the first is the figures' and the report's too
 EVERY_RUN = "Every run"           # tables.md's last section: compare --by-run, one row per cell
