@@ -4,8 +4,9 @@ both). And studies/publish.py copies a sweep's finished cells, only those, once.
 
 Pages checked: the tiny study in tests/fixtures/study/ (2 encodings x 2 seeds x perplexity and passkey, tiny
 presets), the CPU study's two versions in docs/studies/cpu/v1/ (issue 27) and docs/studies/cpu/v2/ (issue 34,
-its page docs/studies/cpu.md), and the arithmetic study in docs/studies/arithmetic/ (issue 38, its page
-docs/studies/arithmetic.md; its longer budget in docs/studies/arithmetic/8k/, its page 8k.md beside it). When
+its page docs/studies/cpu.md), and the arithmetic study (issue 38) at 8,000 steps in docs/studies/arithmetic/8k/
+(its page docs/studies/arithmetic.md) and at its first budget, 4,000 steps, in docs/studies/arithmetic/4k/ (its
+page 4k.md beside it). When
 compare's output changes on purpose, rewrite
 them: ``python studies/publish.py results/studies/fixture tests/fixtures/study`` after its sweep (the command
 is in its study.toml), or over the committed runs alone with ``write_page`` below.
@@ -33,30 +34,30 @@ FIXTURE = ROOT / "tests" / "fixtures" / "study"
 CPU = ROOT / "docs" / "studies" / "cpu"
 CPU_V1, CPU_V2 = CPU / "v1", CPU / "v2"
 ARITHMETIC = ROOT / "docs" / "studies" / "arithmetic"
+ARITHMETIC_4K, ARITHMETIC_8K = ARITHMETIC / "4k", ARITHMETIC / "8k"
 #: each published study's folder and its page
-ARITHMETIC_8K = ARITHMETIC / "8k"
 PAGES = {"cpu-v1": (CPU_V1, CPU / "v1.md"), "cpu-v2": (CPU_V2, ROOT / "docs" / "studies" / "cpu.md"),
-         "arithmetic": (ARITHMETIC, ROOT / "docs" / "studies" / "arithmetic.md"),
-         "arithmetic-8k": (ARITHMETIC_8K, ARITHMETIC / "8k.md")}
+         "arithmetic-4k": (ARITHMETIC_4K, ARITHMETIC / "4k.md"),
+         "arithmetic-8k": (ARITHMETIC_8K, ROOT / "docs" / "studies" / "arithmetic.md")}
 #: how many tables each page quotes at least (a study in progress quotes more as its cells finish)
-QUOTES = {"cpu-v1": 3, "cpu-v2": 1, "arithmetic": 1, "arithmetic-8k": 1}
+QUOTES = {"cpu-v1": 3, "cpu-v2": 1, "arithmetic-4k": 1, "arithmetic-8k": 1}
 
 
-@pytest.mark.parametrize("page", [FIXTURE, CPU_V1, CPU_V2, ARITHMETIC, ARITHMETIC_8K],
-                         ids=["fixture", "cpu-v1", "cpu-v2", "arithmetic", "arithmetic-8k"])
+@pytest.mark.parametrize("page", [FIXTURE, CPU_V1, CPU_V2, ARITHMETIC_4K, ARITHMETIC_8K],
+                         ids=["fixture", "cpu-v1", "cpu-v2", "arithmetic-4k", "arithmetic-8k"])
 def test_committed_tables_are_what_compare_prints(page):
     assert (page / publish.RUNS).is_dir(), f"{page} has no committed runs"
     assert publish.tables(page / publish.RUNS) == (page / publish.TABLES).read_text()
 
 
-@pytest.mark.parametrize("page", [FIXTURE, CPU_V2, ARITHMETIC, ARITHMETIC_8K],
-                         ids=["fixture", "cpu-v2", "arithmetic", "arithmetic-8k"])
+@pytest.mark.parametrize("page", [FIXTURE, CPU_V2, ARITHMETIC_4K, ARITHMETIC_8K],
+                         ids=["fixture", "cpu-v2", "arithmetic-4k", "arithmetic-8k"])
 def test_committed_plateau_verdicts_are_the_rule_over_the_runs(page):
     assert publish.plateaus(page / publish.RUNS) == (page / publish.PLATEAU).read_text()
 
 
-@pytest.mark.parametrize("page", [FIXTURE, CPU_V1, CPU_V2, ARITHMETIC, ARITHMETIC_8K],
-                         ids=["fixture", "cpu-v1", "cpu-v2", "arithmetic", "arithmetic-8k"])
+@pytest.mark.parametrize("page", [FIXTURE, CPU_V1, CPU_V2, ARITHMETIC_4K, ARITHMETIC_8K],
+                         ids=["fixture", "cpu-v1", "cpu-v2", "arithmetic-4k", "arithmetic-8k"])
 def test_committed_cost_is_the_cells_measured_time(page):
     assert cost.cost(page / publish.RUNS) == (page / publish.COST).read_text()
 

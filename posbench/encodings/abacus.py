@@ -34,7 +34,7 @@ Choices the paper leaves open, and where we differ from the released code:
   eval_digits + 1]``, so 5 for 5 -> 10-digit operands), and the release's 99 where the task gives no lengths.
   An offset range far wider than the evaluation needs spreads the training of short numbers over rows no test
   reads: at 5-digit training (4,000 steps, 4 x 64) max_k = 99 left Abacus at 5% in distribution
-  (docs/studies/arithmetic.md). The resolved value is what a run records. Range >= 0, or -1.
+  (docs/studies/arithmetic/4k.md). The resolved value is what a run records. Range >= 0, or -1.
 - ``per_example`` (default False): the paper does not say whether k is drawn per example or per batch; the
   released code draws ONE k per forward pass (Python ``random.randint``) shared by the whole batch, and so do
   we by default (with torch's generator on the tokens' device: no Python ``random``, no host sync, no graph
@@ -51,7 +51,7 @@ Choices the paper leaves open, and where we differ from the released code:
   model.init_std), 0.02 by default, so the table is drawn so too. Drawn at the release's absolute std (0.125 at
   d_model 64, six times a token's), the digit places drown the digits: on the arithmetic study's cell (seed 0,
   4,000 steps) Abacus stalled at 42.6% in distribution; at the token embeddings' std it reached 99.1%
-  (docs/studies/arithmetic.md).
+  (docs/studies/arithmetic/4k.md).
 """
 
 from __future__ import annotations
