@@ -41,24 +41,27 @@ PAGES = {"cpu-v1": (CPU_V1, CPU / "v1.md"), "cpu-v2": (CPU_V2, ROOT / "docs" / "
          "arithmetic-8k": (ARITHMETIC_8K, ROOT / "docs" / "studies" / "arithmetic.md")}
 #: how many tables each page quotes at least (a study in progress quotes more as its cells finish)
 QUOTES = {"cpu-v1": 3, "cpu-v2": 1, "arithmetic-4k": 1, "arithmetic-8k": 1}
+#: every published folder, the fixture's too; version 1 of the CPU study predates the probe, so it has no plateau.md
+FOLDERS = {"fixture": FIXTURE, **{study: folder for study, (folder, _) in PAGES.items()}}
+PROBED = [study for study in FOLDERS if study != "cpu-v1"]
 
 
-@pytest.mark.parametrize("page", [FIXTURE, CPU_V1, CPU_V2, ARITHMETIC_4K, ARITHMETIC_8K],
-                         ids=["fixture", "cpu-v1", "cpu-v2", "arithmetic-4k", "arithmetic-8k"])
-def test_committed_tables_are_what_compare_prints(page):
+@pytest.mark.parametrize("study", FOLDERS)
+def test_committed_tables_are_what_compare_prints(study):
+    page = FOLDERS[study]
     assert (page / publish.RUNS).is_dir(), f"{page} has no committed runs"
     assert publish.tables(page / publish.RUNS) == (page / publish.TABLES).read_text()
 
 
-@pytest.mark.parametrize("page", [FIXTURE, CPU_V2, ARITHMETIC_4K, ARITHMETIC_8K],
-                         ids=["fixture", "cpu-v2", "arithmetic-4k", "arithmetic-8k"])
-def test_committed_plateau_verdicts_are_the_rule_over_the_runs(page):
+@pytest.mark.parametrize("study", PROBED)
+def test_committed_plateau_verdicts_are_the_rule_over_the_runs(study):
+    page = FOLDERS[study]
     assert publish.plateaus(page / publish.RUNS) == (page / publish.PLATEAU).read_text()
 
 
-@pytest.mark.parametrize("page", [FIXTURE, CPU_V1, CPU_V2, ARITHMETIC_4K, ARITHMETIC_8K],
-                         ids=["fixture", "cpu-v1", "cpu-v2", "arithmetic-4k", "arithmetic-8k"])
-def test_committed_cost_is_the_cells_measured_time(page):
+@pytest.mark.parametrize("study", FOLDERS)
+def test_committed_cost_is_the_cells_measured_time(study):
+    page = FOLDERS[study]
     assert cost.cost(page / publish.RUNS) == (page / publish.COST).read_text()
 
 
