@@ -61,8 +61,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posbench.encodings.base import PositionalEncoding
-from posbench.options import Bound, Each, Option, OptionError, at_least
+from posbench.encodings.base import ENCODINGS, PositionalEncoding
+from posbench.options import Bound, Each, OneOf, Option, OptionError, at_least
 
 RUN, OFFSET = "abacus.run", "abacus.offset"     # keys of this encoding's entries in a KV cache's memory
 RELEASED_MAX_K = 99                             # mcleish7/arithmetic: random.randint(0, 99), the paper's k = 100
@@ -91,6 +91,11 @@ class Abacus(PositionalEncoding):
         "per_example": Option(False, "draw k once per example (default: once per batch, as the released code)"),
         "init_std": Option(0.0, "std of the table's N(0, std) init (0: the token embeddings' std, model.init_std, "
                                 "as the release draws both from one distribution)", Bound(low=0)),
+        "attention_bias": Option("none", "a relative bias in attention beside the digit places: none (Abacus alone, "
+                                         "attention without positions) or fire (McLeish et al.'s Abacus + FIRE)",
+                                 OneOf(("none", "fire"))),
+        "fire_init_l": Option(0.0, "with attention_bias=fire: FIRE's initial L (0: FIRE's own default, half the "
+                                   "training length; the arithmetic releases: 512)", Bound(low=0)),
     }
 
     @classmethod
@@ -118,6 +123,13 @@ class Abacus(PositionalEncoding):
         self.max_digits = o["max_digits"] or max_seq_len
         self.rows = o["max_k"] + self.max_digits + 1
         self.table = nn.Embedding(self.rows, d_model)
+        if o["attention_bias"] == "fire":
+            # McLeish et al.'s Abacus + FIRE: FIRE's own module, options, init and bias hook (encodings/fire.py).
+            # The hook is this instance's alone: the class keeps the base class's none, so the default Abacus
+            # carries one signal (the digit places), as the encoding contract asks.
+            self.fire = ENCODINGS.get("fire")(n_layers, n_heads, head_dim, d_model, max_seq_len,
+                                              init_l=o["fire_init_l"])
+            self.bias = self.fire.bias
         self.register_buffer("digits", torch.tensor(o["digit_ids"], dtype=torch.long), persistent=False)
 
     def init_weights(self) -> None:
@@ -126,6 +138,8 @@ class Abacus(PositionalEncoding):
         -0.5) (cramming's ``_init_module``); posbench draws its token embeddings from N(0, model.init_std), and so
         this table (``init_std`` sets another std)."""
         nn.init.normal_(self.table.weight, std=self.options["init_std"] or self.embedding_std)
+        if self.options["attention_bias"] == "fire":
+            self.fire.init_weights()
 
     # ---- the digit index --------------------------------------------------------------------------------
     def digit_runs(self, tokens: Tensor, carry: Tensor | None = None) -> Tensor:

@@ -4,14 +4,22 @@ d = max(i - j, 0). Buckets 0..B/2-1 are exact distances; the other B/2 are log-s
 ``max_distance`` and clamp to B - 1 beyond it. B = 64 and max_distance = 128 as in the reference's
 config (T5 itself used 32 buckets); one table per layer.
 
-Initialisation and scale as the peer library released it (lucidrains/x-transformers, ``RelativePositionBias``):
-the table keeps ``nn.Embedding``'s own N(0, 1) init and the bias is the table entry times ``scale`` = sqrt(head
-dim), added to logits already scaled by 1 / sqrt(head dim). So a fresh model's bias has a standard deviation of
-sqrt(D) logits (5.7 at D = 32), and Adam, which moves an entry by about the learning rate per step, moves the bias
-sqrt(D) times as far: the bias can grow within a short budget. (The TAPE reference draws the table from its
-model-wide N(0, 0.02) and has no scale; posbench did too before, which left the bias near 0.1 logits for a whole
-300-step run.) ``scale`` is kept in the state dict: a checkpoint saved before it existed loads with scale 1, the
-bias it was trained with.
+Initialisation and scale, option ``table_init``, each as a release has it:
+
+- ``x-transformers`` (the default; lucidrains/x-transformers, ``RelativePositionBias``): the table keeps
+  ``nn.Embedding``'s own N(0, 1) init and the bias is the table entry times ``scale`` = sqrt(head dim), added to
+  logits already scaled by 1 / sqrt(head dim). So a fresh model's bias has a standard deviation of sqrt(D) logits
+  (5.7 at D = 32), and Adam, which moves an entry by about the learning rate per step, moves the bias sqrt(D) times
+  as far: the bias can grow within a short budget. A bucket that training never reaches keeps its draw: in
+  arithmetic, trained on distances up to 17, distances 18-33 read exact buckets that hold about +-sqrt(D) logits
+  of noise at evaluation.
+- ``t5`` (T5's own release, as the Hugging Face port ``T5PreTrainedModel._init_weights`` draws
+  ``relative_attention_bias``): N(0, d_model^-1/2), no scale. An unreached bucket stays near zero; the bias moves
+  about the learning rate per step, so it grows slowly.
+
+(The TAPE reference draws the table from its model-wide N(0, 0.02) and has no scale; posbench did too before,
+which left the bias near 0.1 logits for a whole 300-step run.) ``scale`` is kept in the state dict: a checkpoint
+saved before it existed loads with scale 1, the bias it was trained with.
 
 Every distance from ``max_distance`` on falls in the last bucket, so the bias is a lookup in a small
 per-distance table: row d (d < max_distance) is the table row of bucket(d), row ``max_distance`` the last
@@ -28,7 +36,7 @@ from torch import Tensor, nn
 
 from posbench.model.bias import ScoreBias, read_table
 from posbench.encodings.base import PositionalEncoding
-from posbench.options import Bound, Option, OptionError, at_least
+from posbench.options import Bound, OneOf, Option, OptionError, at_least
 
 
 def causal_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
@@ -53,8 +61,10 @@ class T5Bias(PositionalEncoding):
     OPTIONS = {
         "num_buckets": Option(64, "distance buckets: the first half exact, the rest log-spaced", at_least(2)),
         "max_distance": Option(128, "where the log-spaced buckets end (> num_buckets / 2)", at_least(2)),
-        "scale": Option(0.0, "the bias is the table entry times this (0: sqrt(head dim), as x-transformers)",
-                        Bound(low=0)),
+        "table_init": Option("x-transformers", "the table's init and scale as a release has it: x-transformers "
+                             "(N(0, 1), times sqrt(head dim)) or t5 (N(0, d_model^-1/2), times 1)",
+                             OneOf(("x-transformers", "t5"))),
+        "scale": Option(0.0, "the bias is the table entry times this (0: as table_init says)", Bound(low=0)),
     }
 
     @classmethod
@@ -70,8 +80,14 @@ class T5Bias(PositionalEncoding):
         self.tables = nn.ModuleList(nn.Embedding(buckets, self.n_heads) for _ in range(self.n_layers))
         self.register_buffer("distance_buckets", causal_bucket(torch.arange(max_distance + 1), buckets,
                                                                max_distance), persistent=False)
-        self.options["scale"] = float(self.options["scale"] or math.sqrt(self.head_dim))    # recorded as used
+        released = math.sqrt(self.head_dim) if self.options["table_init"] == "x-transformers" else 1.0
+        self.options["scale"] = float(self.options["scale"] or released)    # recorded as used
         self.register_buffer("scale", torch.tensor(self.options["scale"]))    # saved: see _load_from_state_dict
+
+    def init_weights(self) -> None:
+        if self.options["table_init"] == "t5":
+            for table in self.tables:
+                nn.init.normal_(table.weight, 0.0, self.d_model ** -0.5)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):

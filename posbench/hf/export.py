@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from posbench.files import json_object
+from posbench.model.config import BACKBONE, ModelConfig
 from posbench.hf.export_dir import ExportError, building, check_target
 
 FORMAT = 1
@@ -157,7 +158,7 @@ def _write_model(run: RunModel, directory: Path) -> str:
     _quiet()
     tok = run.tokenizer
     ids = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
-    if run.encoding == "rope":
+    if run.encoding == "rope" and default_backbone(run.model_config):
         from transformers import LlamaForCausalLM
 
         from posbench.hf.export_llama import llama_config, to_llama
@@ -185,6 +186,12 @@ def _write_model(run: RunModel, directory: Path) -> str:
     with library_bars_off():
         model.save_pretrained(str(directory))
     return kind
+
+
+def default_backbone(model_config: dict[str, Any]) -> bool:
+    """Whether a run's model is the pre-norm decoder (a Llama); a record without the backbone settings is one."""
+    defaults = ModelConfig()
+    return all(model_config.get(name, getattr(defaults, name)) == getattr(defaults, name) for name in BACKBONE)
 
 
 def _load_into(model, state: dict[str, Tensor], run_dir: Path) -> None:
@@ -243,6 +250,8 @@ def read_export(directory: str | Path) -> Exported:
         extra = {k: v for k, v in (recorded.get("encoding_options") or {}).items() if k == "random_offset"}
         model_config = model_config_from_llama(LlamaConfig.from_pretrained(str(directory)), extra)
         state = from_llama(state, model_config["n_layers"])
+        defaults = ModelConfig()        # a Llama is the pre-norm decoder
+        model_config.update({name: getattr(defaults, name) for name in BACKBONE if name not in model_config})
     else:
         from posbench.hf.modeling import MODEL_FIELDS, PosbenchConfig
 

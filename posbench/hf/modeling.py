@@ -31,13 +31,14 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from posbench.hf.cache_api import causal_lm_output, take_cache
 from posbench.model.generate import shared_rows
 from posbench.model import ModelConfig, Transformer
+from posbench.model.config import BACKBONE
 from posbench.model.padding import CachePadding, extended
 from posbench.model.transformer import RMSNorm
 
 MODEL_TYPE = "posbench"
 #: the ModelConfig fields a PosbenchConfig carries
 MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len", "encoding",
-                "encoding_options", "attention", "norm_eps", "init_std")
+                "encoding_options", "attention", "norm_eps", "init_std", *BACKBONE)
 
 
 class PosbenchConfig(PreTrainedConfig):
@@ -58,6 +59,16 @@ class PosbenchConfig(PreTrainedConfig):
     attention: str = "auto"
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    norm: str = "rms"
+    norm_position: str = "pre"
+    mlp: str = "swiglu"
+    embedding_norm: bool = False
+    head_mlp: bool = False
+    recurrences: int = 1
+    eval_recurrences: int = 0
+    input_injection: bool = False
+    state_std: float = 0.0
+    init: str = "normal"
     tie_word_embeddings: bool = False
     use_cache: bool = True
     bos_token_id: int | None = None
@@ -128,7 +139,7 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
             from transformers import DynamicCache
 
             cache = DynamicCache(config=self.config)
-        view = CacheView(cache, self.config.n_layers) if cache is not None else None
+        view = CacheView(cache, self.model.config.n_layers * self.model.config.depth) if cache is not None else None
         if attention_mask is not None:              # its last columns are this call's tokens; a cache has the rest
             attention_mask = attention_mask[:, -input_ids.shape[1]:]
         logits = self.model(input_ids, positions=position_ids, cache=view, attention_mask=attention_mask)

@@ -8,6 +8,10 @@ from typing import Any
 from posbench.model.attention import BACKENDS
 from posbench.options import OneOf, OptionError, at_least, check_fields, option, positive
 
+#: the fields that shape the backbone (docs/encodings.md, "Backbones"); their defaults are the pre-norm decoder
+BACKBONE = ("norm", "norm_position", "mlp", "embedding_norm", "head_mlp", "recurrences", "eval_recurrences",
+            "input_injection", "state_std", "init")
+
 
 @dataclass
 class ModelConfig:
@@ -18,13 +22,35 @@ class ModelConfig:
     d_model: int = option(128, "the width of the hidden states", at_least(1))
     n_layers: int = option(2, "decoder blocks", at_least(1))
     n_heads: int = option(4, "attention heads (d_model / n_heads must be even)", at_least(1))
-    d_ff: int = option(0, "the SwiGLU MLP's width (0: 4 x d_model; the reference: 3072 for 768)", at_least(0))
+    d_ff: int = option(0, "the gated MLP's width (0: 4 x d_model; the reference: 3072 for 768)", at_least(0))
     max_seq_len: int = option(256, "the training length (encodings that need it read it from here)", at_least(0))
     encoding: str = option("rope", "the positional encoding (posbench ls encodings)")
     encoding_options: dict[str, Any] = field(default_factory=dict)
     attention: str = option("auto", "the attention backend", OneOf(("auto", *sorted(BACKENDS))))
-    norm_eps: float = option(1e-5, "RMSNorm's epsilon", positive())
+    norm_eps: float = option(1e-5, "the norms' epsilon", positive())
     init_std: float = option(0.02, "the standard deviation of the N(0, std) initialisation", positive())
+    # The backbone (docs/encodings.md, "Backbones"). The defaults are the pre-norm decoder; the arithmetic releases'
+    # depth-recurrent class (zhuconv/arithmetic, mcleish7/arithmetic) is norm=layer, norm_position=post, mlp=geglu,
+    # embedding_norm, head_mlp, input_injection, state_std=0.02, init=deepnorm, norm_eps=1e-12.
+    norm: str = option("rms", "the norm: rms (RMSNorm, no bias) or layer (LayerNorm, with its bias)",
+                       OneOf(("rms", "layer")))
+    norm_position: str = option("pre", "pre: x + f(norm(x)); post: norm(x + f(x)) (the depth-recurrent class)",
+                                OneOf(("pre", "post")))
+    mlp: str = option("swiglu", "the gated MLP: swiglu (SiLU gate) or geglu (exact GELU gate)",
+                      OneOf(("swiglu", "geglu")))
+    embedding_norm: bool = option(False, "normalise the input embeddings (token and encoding's table) before "
+                                         "the first block")
+    head_mlp: bool = option(False, "a gated MLP (no residual) between the last block and the final norm")
+    recurrences: int = option(1, "how many times the n_layers blocks run, in turn, while training (weights "
+                                 "shared)", at_least(1))
+    eval_recurrences: int = option(0, "recurrences at evaluation (0: as while training)", at_least(0))
+    input_injection: bool = option(False, "add the input embeddings to the hidden state at the entry of every "
+                                          "recurrence, onto an initial state (zero, or N(0, state_std))")
+    state_std: float = option(0.0, "with input_injection: the std of the random initial state drawn at every "
+                                   "training forward pass (0: zero); at evaluation it is zero", at_least(0))
+    init: str = option("normal", "the model's own weights: normal (N(0, init_std)) or deepnorm (Xavier normal, "
+                                 "gain (8 L)^-1/4 but 1 for queries and keys; embeddings N(0, d_model^-1/2))",
+                       OneOf(("normal", "deepnorm")))
 
     def __post_init__(self):
         check_fields(self, "model")
@@ -32,6 +58,16 @@ class ModelConfig:
             self.d_ff = 4 * self.d_model
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise OptionError(f"model: d_model {self.d_model} must split into {self.n_heads} heads of even size")
+
+    @property
+    def depth(self) -> int:
+        """The most recurrences the model runs (a KV cache holds n_layers x depth layers)."""
+        return max(self.recurrences, self.eval_recurrences)
+
+    @property
+    def embedding_std(self) -> float:
+        """The token embeddings' init std (what a table added to them is drawn like)."""
+        return self.d_model ** -0.5 if self.init == "deepnorm" else self.init_std
 
     @property
     def head_dim(self) -> int:

@@ -1,13 +1,18 @@
 """A Llama-style decoder that carries a positional state next to the hidden states.
 
-Pre-norm blocks (RMSNorm, attention, RMSNorm, SwiGLU MLP), no biases, untied embeddings, N(0, 0.02) init of the
-model's own weights (the encoding's are its own: initialised as its authors release them, never overwritten here).
-Everything positional goes through ``self.encoding`` (see ``encodings/base.py``); this file names no
-encoding. Its options are ``ModelConfig`` (``model/config.py``).
+By default: pre-norm blocks (RMSNorm, attention, RMSNorm, SwiGLU MLP), no biases, untied embeddings, N(0, 0.02)
+init of the model's own weights (the encoding's are its own: initialised as its authors release them, never
+overwritten here). Everything positional goes through ``self.encoding`` (see ``encodings/base.py``); this file
+names no encoding. Its options are ``ModelConfig`` (``model/config.py``).
+
+The same blocks also make the arithmetic releases' depth-recurrent class (docs/encodings.md, "Backbones"): post-norm
+LayerNorm blocks with a GELU-gated MLP, the input embeddings normalised and injected (added) at the entry of each of
+``recurrences`` passes through the blocks onto a random initial state, a gated MLP head, and the DeepNorm init.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -130,28 +135,43 @@ def layer_bias(pe, layer: int, state: Any, q: Tensor, k: Tensor, q_pos: Tensor,
     return bias
 
 
-class SwiGLU(nn.Module):
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """RMSNorm (the default) or LayerNorm (the depth-recurrent class's, with its bias)."""
+    return RMSNorm(cfg.d_model, cfg.norm_eps) if cfg.norm == "rms" else nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU (SiLU) by default, GEGLU (exact GELU) with ``mlp = geglu``. The
+    arithmetic releases' GLU splits one d_model -> 2 d_ff projection into (up, gate) halves: the same map."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.act = F.silu if cfg.mlp == "swiglu" else F.gelu
         self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(self.act(self.gate(x)) * self.up(x))
 
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.layer = layer
-        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.layer, self.post_norm = layer, cfg.norm_position == "post"
+        self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg, layer)
-        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg)
+        self.mlp_norm = make_norm(cfg)
+        self.mlp = GatedMLP(cfg)
 
     def forward(self, x: Tensor, state: Any, positions: Tensor, pe, cache: LayerCache | None = None,
                 aligned: bool = False, key_mask: Tensor | None = None):
+        if self.post_norm:                          # norm(x + f(x)), the depth-recurrent class's
+            h, state = self.attn(x, state, positions, pe, cache, aligned, key_mask)
+            x = self.attn_norm(x + h)
+            m = self.mlp(x)
+            state = pe.after_mlp(self.layer, state, m)
+            return self.mlp_norm(x + m), state
         h, state = self.attn(self.attn_norm(x), state, positions, pe, cache, aligned, key_mask)
         x = x + h
         m = self.mlp(self.mlp_norm(x))
@@ -173,11 +193,15 @@ class Transformer(nn.Module):
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.norm = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.embedding_norm:
+            self.embed_norm = make_norm(cfg)
+        if cfg.head_mlp:
+            self.head = GatedMLP(cfg)
         for module in self.own_modules():
             self._init_weights(module)
-        self.encoding.embedding_std = cfg.init_std     # what a table added to the token embeddings is drawn like
+        self.encoding.embedding_std = cfg.embedding_std     # what a table added to the token embeddings is drawn like
         self.encoding.init_weights()        # its own inits; it freezes what can never reach the loss
 
     def own_modules(self):
@@ -186,7 +210,9 @@ class Transformer(nn.Module):
         return (m for m in self.modules() if id(m) not in encoding)
 
     def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        if self.config.init == "deepnorm":
+            deepnorm_init(module, self.config, self.lm_head)
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
@@ -212,23 +238,43 @@ class Transformer(nn.Module):
         seen = tokens if mask is None else tokens.masked_fill(~mask, PAD_TOKEN)     # a pad is never a token
         state = self.encoding.init_state(positions, seen, cache.memory if cache is not None else None)
         x = self.encoding.embed(self.embed(tokens), state)
-        for i, block in enumerate(self.blocks):
-            x, state = block(x, state, positions, self.encoding, cache.layers[i] if cache is not None else None,
-                             aligned, key_mask)
+        if self.config.embedding_norm:
+            x = self.embed_norm(x)
+        x = self.recur(x, state, positions, cache, aligned, key_mask)
         if isinstance(cache, StaticCache):
             cache.advance(n)
         elif cache is not None:
             cache.length += n
+        if self.config.head_mlp:
+            x = self.head(x)
         return self.lm_head(self.norm(x))
+
+    def recur(self, x: Tensor, state: Any, positions: Tensor, cache: Any, aligned: bool,
+              key_mask: Tensor | None) -> Tensor:
+        """The blocks, ``recurrences`` times in turn (``eval_recurrences`` outside training); with input injection
+        each pass starts by adding the input embeddings to the state, which starts at zero or, while training, at
+        N(0, state_std). A KV cache holds one layer per block and pass."""
+        cfg = self.config
+        passes = cfg.recurrences if self.training else (cfg.eval_recurrences or cfg.recurrences)
+        injected = x if cfg.input_injection else None
+        if injected is not None:
+            x = torch.randn_like(x) * cfg.state_std if self.training and cfg.state_std > 0 else torch.zeros_like(x)
+        for r in range(passes):
+            if injected is not None:
+                x = x + injected
+            for i, block in enumerate(self.blocks):
+                layer_cache = cache.layers[r * cfg.n_layers + i] if cache is not None else None
+                x, state = block(x, state, positions, self.encoding, layer_cache, aligned, key_mask)
+        return x
 
     def new_cache(self, capacity: int = 0) -> KVCache:
         """An empty KV cache; ``capacity`` (tokens) preallocates it (it grows by doubling if exceeded)."""
-        return KVCache(self.config.n_layers, capacity)
+        return KVCache(self.config.n_layers * self.config.depth, capacity)
 
     def new_static_cache(self, capacity: int, device: torch.device | str | None = None) -> StaticCache:
         """A static cache of ``capacity`` tokens for compiled decoding (``posbench.model.generate``)."""
         device = device if device is not None else self.embed.weight.device
-        return StaticCache(self.config.n_layers, capacity, device)
+        return StaticCache(self.config.n_layers * self.config.depth, capacity, device)
 
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, eos_id: int | None = None,
@@ -247,3 +293,31 @@ class Transformer(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def deepnorm_init(module: nn.Module, cfg: ModelConfig, lm_head: nn.Linear) -> None:
+    """The arithmetic releases' ``init.type = deepnorm-straight`` (``_init_module`` of cramming/architectures/
+    components.py): Xavier normal with gain (8 L)^-1/4, L the blocks times the training recurrences, on every linear
+    map, computed on the release's own shapes (one d_model -> 2 d_ff projection for a gated MLP's gate and up; one
+    d_model x d_model matrix each for queries, keys and values, the queries' and keys' at gain 1); embeddings
+    N(0, d_model^-1/2); norms at one (and zero bias)."""
+    gain = (8 * cfg.n_layers * cfg.recurrences) ** -0.25
+
+    def xavier(weight: Tensor, fan_out: int, fan_in: int, g: float) -> None:
+        nn.init.normal_(weight, 0.0, g * math.sqrt(2.0 / (fan_in + fan_out)))
+
+    d = cfg.d_model
+    if isinstance(module, Attention):
+        q, k, v = module.qkv.weight.data.view(3, d, d)
+        xavier(q, d, d, 1.0)
+        xavier(k, d, d, 1.0)
+        xavier(v, d, d, gain)
+        xavier(module.out.weight, d, d, gain)
+    elif isinstance(module, GatedMLP):
+        xavier(module.gate.weight, 2 * cfg.d_ff, d, gain)
+        xavier(module.up.weight, 2 * cfg.d_ff, d, gain)
+        xavier(module.down.weight, d, cfg.d_ff, gain)
+    elif module is lm_head:
+        xavier(module.weight, cfg.vocab_size, d, gain)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, 0.0, d ** -0.5)
