@@ -108,8 +108,10 @@ def exp_or_inf(x: float) -> float:
 @torch.no_grad()
 def evaluate(model, tokens: Tensor, length: int, protocol: str = "chunks", stride: int | None = None,
              score: str = "new", batch_size: int = 8, max_windows: int | None = None,
-             device: torch.device | str | None = None) -> PerplexityResult:
-    """Perplexity of ``model`` (``model(tokens [B, L]) -> logits [B, L, V]``) on the 1-D ``tokens``."""
+             device: torch.device | str | None = None, start_token: int | None = None) -> PerplexityResult:
+    """Perplexity of ``model`` (``model(tokens [B, L]) -> logits [B, L, V]``) on the 1-D ``tokens``.
+    ``start_token``: every window's input is that token and the window's first L - 1 tokens (L positions, as
+    without it): the same tokens are scored, each with the start token before its context."""
     tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
     wins = windows(len(tokens), length, protocol, stride, score)
     if max_windows is not None:
@@ -121,12 +123,15 @@ def evaluate(model, tokens: Tensor, length: int, protocol: str = "chunks", strid
     def score_batch(b: int) -> tuple[Tensor, int]:
         batch = wins[b: b + batch_size]
         x = torch.stack([tokens[w.start: w.end] for w in batch]).to(device)
-        logits = model(x)[:, :-1]
-        target = x[:, 1:]
+        if start_token is None:
+            logits, target, first = model(x)[:, :-1], x[:, 1:], 1
+        else:
+            start = torch.full((x.shape[0], 1), start_token, dtype=x.dtype, device=device)
+            logits, target, first = model(torch.cat((start, x[:, :-1]), dim=1)), x, 0
         losses = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1),
                                  reduction="none").view(target.shape)
-        # target column j is token start + j + 1; it is scored when start + j + 1 >= score_from
-        offsets = torch.tensor([w.score_from - w.start - 1 for w in batch], device=device)
+        # target column j is token start + j + first; it is scored when start + j + first >= score_from
+        offsets = torch.tensor([w.score_from - w.start - first for w in batch], device=device)
         mask = torch.arange(target.shape[1], device=device)[None, :] >= offsets[:, None]
         return losses[mask].double().sum().cpu(), int(mask.sum())
 

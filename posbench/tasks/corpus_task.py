@@ -126,6 +126,21 @@ class CachedChunkStream(IndexedStream):
         return Batch(x[:, :-1].contiguous(), x[:, 1:].contiguous())
 
 
+class StartTokenStream(IndexedStream):
+    """A chunk stream whose every window starts with a start token (``task.start_token``): the window keeps its
+    ``length`` inputs, BOS and the chunk's first ``length - 1`` tokens, and predicts the chunk's first ``length``
+    tokens (the first from BOS alone). Example g is the chunk stream's example g."""
+
+    def __init__(self, chunks: IndexedStream, bos: int):
+        super().__init__(chunks.seed)
+        self.chunks, self.bos = chunks, int(bos)
+
+    def make_examples(self, start: int, count: int) -> Batch:
+        inputs = self.chunks.make_examples(start, count).tokens
+        first = torch.full((inputs.shape[0], 1), self.bos, dtype=inputs.dtype)
+        return Batch(torch.cat((first, inputs[:, :-1]), dim=1), inputs.clone())
+
+
 def chunk_stream(seed: int, tokens, length: int) -> IndexedStream:
     """The training stream over ``posbench.data.lm.corpus_tokens``' result: ``ChunkStream`` for in-memory
     tokens (unchanged), ``CachedChunkStream`` for a token cache."""
@@ -154,6 +169,8 @@ class CorpusTask(TokenizerMixin, Task):
         "eval_batch_size": Option(8, "windows per forward pass in evaluation", at_least(1)),
         "bpe_train_chars": Option(BPE_TRAIN_CHARS, "characters of the training split a BPE tokenizer is trained on",
                                   at_least(1)),
+        "start_token": Option(False, "begin every training and evaluation window with the tokenizer's BOS (windows "
+                                     "are cut mid-document; NoPE counts positions from a first token)"),
     }
 
     _train: TokenStream | None = None
@@ -217,7 +234,13 @@ class CorpusTask(TokenizerMixin, Task):
         return self._eval
 
     def train_stream(self) -> IndexedStream:
-        return chunk_stream(self.config.seed, self.train_tokens(), self.train_length)
+        stream = chunk_stream(self.config.seed, self.train_tokens(), self.train_length)
+        return StartTokenStream(stream, self.tokenizer.bos_id) if self.opts["start_token"] else stream
+
+    @property
+    def start_token(self) -> int | None:
+        """The token every window starts with (``task.start_token``), or None."""
+        return self.tokenizer.bos_id if self.opts["start_token"] else None
 
     def data_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"source": self.corpus.spec, "source_info": self.corpus.describe(),

@@ -4,6 +4,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-results/studies/protocols}
-for group in recurrent standard-t5 recurrent-fire recurrent-abacus-fire standard-fire recurrent-rope-budget; do
+for group in recurrent standard-t5 recurrent-fire recurrent-abacus-fire standard-fire recurrent-rope-budget \
+             perplexity-nope-start; do
     posbench sweep "studies/protocols/$group.toml" --out "$out/$group" --jobs 2 || echo "group $group: exit $?"
 done

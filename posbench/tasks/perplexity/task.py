@@ -83,7 +83,8 @@ class Perplexity(CorpusTask):
             for length in lengths:
                 stride = self.stride_for(length) if protocol == "sliding" else None
                 res = evaluate_ppl(model, tokens, length, protocol, stride=stride, score=self.opts["score"],
-                                   batch_size=self.opts["eval_batch_size"], device=device)
+                                   batch_size=self.opts["eval_batch_size"], device=device,
+                                   start_token=self.start_token)
                 factor = length // self.train_length
                 key = f"ppl_{factor}x" if protocol == "chunks" else f"ppl_sliding_{factor}x"
                 metrics[key] = Metric(res.perplexity, None, res.tokens_scored, higher_is_better=False)
