@@ -112,10 +112,6 @@ KNOWN: dict[str, HubSpec] = {
 ALIASES = ("c4", "pg19", "proof-pile", "redpajama-sample")
 
 
-def is_alias(spec: str) -> bool:
-    return spec.strip().lower() in KNOWN and "/" not in spec
-
-
 def resolve(spec: str) -> HubSpec:
     """``--data`` hub name -> how it is read: a known name (alias or canonical) or any ``owner/name[:config]``."""
     key = spec.strip().lower()

@@ -49,10 +49,6 @@ class TapeLlamaConfig(LlamaConfig):
         made.auto_map = dict(AUTO_MAP)
         return made
 
-    def tape_options(self) -> dict[str, Any]:
-        return {"position_size": self.tape_position_size, "gate": self.tape_gate,
-                "random_offset": self.tape_random_offset}
-
 
 class TapeLlamaForCausalLM(LlamaForCausalLM):
     config_class = TapeLlamaConfig
