@@ -29,6 +29,44 @@ class FileError(UserError):
     """A missing or unreadable file; ``str()`` is one line."""
 
 
+# ---- how much posbench reads of a run's files -------------------------------------------------------------
+#: the most posbench reads of one file a run wrote, where the file comes from a results tree that anyone may
+#: have made (compare, ``posbench.results.frame``): far above what a real run writes (a result.json is a few MB
+#: with a long loss history; an arithmetic cell's 10,000 predictions are 1.4 MB), far below what exhausts a
+#: machine's memory. A gzipped file counts what it inflates to. A file past its bound is read no further.
+MAX_RESULT_BYTES = 64 * 2**20                 # a result.json
+MAX_PREDICTIONS_BYTES = 256 * 2**20           # a predictions.jsonl, or what a predictions.jsonl.gz inflates to
+MAX_PREDICTIONS_ROWS = 1_000_000              # its lines (the paper's arithmetic grid has 160,000; a row is a dict)
+READ_CHUNK = 1 << 20
+
+
+class TooLarge(OSError):
+    """A file (or what a gzipped one inflates to) past the bound its reader set; ``str()`` is one line."""
+
+    def __init__(self, limit: int, inflated: bool = False, what: str | None = None):
+        amount = what or size_text(limit)
+        super().__init__(f"{'inflates to' if inflated else 'is'} more than {amount}, the most posbench reads of it"
+                         if what is None else f"holds more than {amount}, the most posbench reads of it")
+        self.limit = limit
+
+
+def size_text(n: int) -> str:
+    return f"{n // 2**20} MB" if n >= 2**20 and n % 2**20 == 0 else f"{n:,} bytes"
+
+
+def read_bounded(fh: Any, limit: int | None, inflated: bool = False) -> bytes:
+    """All of ``fh`` (binary), read in chunks; ``TooLarge`` as soon as it holds more than ``limit`` bytes."""
+    if limit is None:
+        return fh.read()
+    parts, total = [], 0
+    while block := fh.read(min(READ_CHUNK, limit + 1 - total)):
+        parts.append(block)
+        total += len(block)
+        if total > limit:
+            raise TooLarge(limit, inflated)
+    return b"".join(parts)
+
+
 def atomic_save(path: Path, writer: Callable[[Path], None]) -> Path:
     """Call ``writer(tmp_path)`` then rename the temp file onto ``path`` (same directory, so atomic)."""
     path = Path(path)
@@ -145,13 +183,42 @@ def read_unzipped(path: Path) -> bytes | None:
     return gzip.decompress(found.read_bytes()) if found != Path(path) else found.read_bytes()
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of ``path``; a ``.gz`` file is read through gzip (a published study's large predictions)."""
+#: a line of a JSON-lines file that is not blank, from its first character that is not a space to its end (found
+#: at C speed: blank lines, however many, cost no more than reading them)
+_NONBLANK_LINE = re.compile(rb"\S[^\n]*")
+
+
+def read_jsonl(path: Path, limit: int | None = None, max_rows: int | None = None) -> list[dict[str, Any]]:
+    """The JSON lines of ``path``; a ``.gz`` file is read through gzip (a published study's large predictions).
+    ``limit``: ``TooLarge`` once the (inflated) text passes that many bytes, read in chunks and no further (neither
+    a gzip bomb nor one endless line is ever held whole); ``max_rows``: likewise past that many lines of JSON."""
     import gzip
 
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    gzipped = str(path).endswith(".gz")
+    rows: list[Any] = []
+
+    def take(text: bytes) -> None:
+        for line in _NONBLANK_LINE.finditer(text):
+            if max_rows is not None and len(rows) >= max_rows:
+                raise TooLarge(max_rows, gzipped, f"{max_rows:,} lines")
+            rows.append(json.loads(line.group().decode("utf-8")))
+
+    total, pending = 0, []                      # pending: what follows the last newline read
+    with (gzip.open if gzipped else open)(path, "rb") as fh:
+        while block := fh.read(READ_CHUNK if limit is None else min(READ_CHUNK, limit + 1 - total)):
+            total += len(block)
+            if limit is not None and total > limit:
+                raise TooLarge(limit, gzipped)
+            cut = block.rfind(b"\n")
+            if cut < 0:                         # no line ends in this chunk
+                pending.append(block)
+                continue
+            lines = b"".join([*pending, block[:cut]])
+            if lines.strip():
+                take(lines)
+            pending = [block[cut + 1:]]
+    take(b"".join(pending))
+    return rows
 
 
 def json_default(obj: Any) -> Any:
@@ -167,14 +234,18 @@ def json_default(obj: Any) -> Any:
 
 
 def read_json(path: Path | str, *, missing: str = "{path} does not exist",
-              unreadable: str = "cannot read {path}: {reason}", error: type[UserError] = FileError) -> Any:
+              unreadable: str = "cannot read {path}: {reason}", error: type[UserError] = FileError,
+              limit: int | None = None) -> Any:
     """The JSON in ``path``, or ``error`` with one line: ``missing`` when there is no such file, else
-    ``unreadable`` (both may name ``{path}``; ``unreadable`` also ``{reason}``, the first line of the cause)."""
+    ``unreadable`` (both may name ``{path}``; ``unreadable`` also ``{reason}``, the first line of the cause);
+    ``limit``: a file of more bytes is not read past them (``{path}`` and what ``TooLarge`` says)."""
     path = Path(path)
     try:
-        return json.loads(read_regular(path))
+        return json.loads(read_regular(path, limit))
     except FileNotFoundError:
         raise error(missing.replace("{path}", str(path))) from None
+    except TooLarge as exc:
+        raise error(f"{path} {exc}") from None
     except (OSError, ValueError, RecursionError) as exc:   # ValueError: bad JSON, bad UTF-8, huge integers
         reason = "nested too deep" if isinstance(exc, RecursionError) else \
             (str(exc).splitlines() or [type(exc).__name__])[0]
@@ -190,15 +261,18 @@ def json_object(path: Path | str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def read_regular(path: Path) -> str:
+def read_regular(path: Path, limit: int | None = None) -> str:
     """The text of ``path`` if it is a regular file; a FIFO or a device is refused (``OSError``) without
-    waiting: it is opened non-blocking and checked before anything is read (reading one can block forever)."""
+    waiting: it is opened non-blocking and checked before anything is read (reading one can block forever).
+    ``limit``: ``TooLarge`` (an ``OSError``) for a file of more bytes, read no further than the bound."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"not a regular file: {path}")
+        if limit is not None and os.fstat(fd).st_size > limit:
+            raise TooLarge(limit)
         with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read().decode("utf-8")
+            return read_bounded(fh, limit).decode("utf-8")
     finally:
         os.close(fd)
 

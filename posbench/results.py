@@ -13,8 +13,9 @@ setting of the run as ``model.*``, ``encoding.*``, ``train.*`` and ``task.*`` co
 ``"1,2,4,8"``). Model and encoding settings are the values the built model used, as its export and its
 checkpoint record them (``model.d_ff`` 128 where the configuration said 0, "4 x d_model"; TAPE's
 ``encoding.position_size`` 8 where it said 0, "4 x heads"). Numeric columns are numbers (``stderr`` a float
-column, NaN where a metric has none). Runs of any schema version are read (``posbench.runs.record``);
-unreadable ones are left out (``compare`` lists them).
+column, NaN where a metric has none, or a value that is not a number: ``compare --format tidy`` says which).
+Runs of any schema version are read (``posbench.runs.record``); unreadable ones are left out (``compare`` lists
+them).
 """
 
 from __future__ import annotations
@@ -32,11 +33,16 @@ FIXED_COLUMNS = ["run_id", "task", "encoding", "seed", "preset", "init", "metric
 def frame(path: Path | str):
     """Every finished run under ``path`` (a results tree, or one run directory) as a tidy DataFrame: one row per
     run and metric, its settings as columns."""
-    import pandas as pd
-
     from posbench.runs.store import scan_runs
 
     runs, _ = scan_runs(Path(path))
+    return frame_of(runs)
+
+
+def frame_of(runs: list[Any]):
+    """``frame`` of run records already read (``posbench.runs.store.scan_runs``)."""
+    import pandas as pd
+
     rows = [row for run in runs for row in run_rows(run)]
     columns = FIXED_COLUMNS + sorted({k for row in rows for k in row} - set(FIXED_COLUMNS))
     df = pd.DataFrame(rows, columns=columns)

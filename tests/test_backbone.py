@@ -1,6 +1,6 @@
 """The depth-recurrent backbone (docs/encodings.md, "Backbones"), derived independently of the release: the settings
 ``norm=layer``, ``norm_position=post``, ``mlp=geglu``, ``embedding_norm``, ``head_mlp``, ``recurrences`` /
-``eval_recurrences``, ``input_injection``, ``state_std`` and ``init=deepnorm`` (ModelConfig), each against a
+``eval_recurrences``, ``input_injection``, ``state_std`` and ``init_scheme=deepnorm`` (ModelConfig), each against a
 computation written here from its definition, and the default model unchanged. (tests/test_release_backbone.py
 compares the whole model with the release's own code.)
 
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 #: the release's depth-recurrent class in posbench's settings (ModelConfig's comment), at 2 recurrences
 RECURRENT = dict(norm="layer", norm_eps=1e-12, norm_position="post", mlp="geglu", embedding_norm=True,
-                 head_mlp=True, recurrences=2, input_injection=True, state_std=0.02, init="deepnorm")
+                 head_mlp=True, recurrences=2, input_injection=True, state_std=0.02, init_scheme="deepnorm")
 EXACT, DIFFERS = 1e-12, 1e-3
 
 
@@ -296,9 +296,9 @@ def test_deepnorm_init_by_its_distribution(encoding):
 
 
 def test_deepnorm_leaves_an_encodings_own_parameters_alone():
-    """FIRE's MLP keeps its own (PyTorch default) init under init=deepnorm: the same values as under init=normal."""
-    a = tiny("fire", **{**RECURRENT, "init": "deepnorm"}, seed=3)
-    b = tiny("fire", **{**RECURRENT, "init": "normal"}, seed=3)
+    """FIRE's MLP keeps its own (PyTorch default) init under init_scheme=deepnorm: the same values as under init_scheme=normal."""
+    a = tiny("fire", **{**RECURRENT, "init_scheme": "deepnorm"}, seed=3)
+    b = tiny("fire", **{**RECURRENT, "init_scheme": "normal"}, seed=3)
     for (name, p), (_, q) in zip(a.encoding.named_parameters(), b.encoding.named_parameters()):
         assert torch.equal(p, q), name
 
@@ -341,7 +341,7 @@ def test_cached_decoding_with_more_eval_recurrences(encoding):
 
 BACKBONE_SETS = ["model.norm=layer", "model.norm_position=post", "model.mlp=geglu", "model.embedding_norm=true",
                  "model.head_mlp=true", "model.recurrences=2", "model.eval_recurrences=3",
-                 "model.input_injection=true", "model.state_std=0.02", "model.init=deepnorm", "model.norm_eps=1e-12"]
+                 "model.input_injection=true", "model.state_std=0.02", "model.init_scheme=deepnorm", "model.norm_eps=1e-12"]
 
 
 def run_backbone(capsys, tmp_path, encodings: list[str]) -> list[dict]:
@@ -367,7 +367,7 @@ def check_run(run_dir, result: dict) -> None:
     recorded = result["config"]["model_config"]
     for key, value in {"norm": "layer", "norm_position": "post", "mlp": "geglu", "embedding_norm": True,
                        "head_mlp": True, "recurrences": 2, "eval_recurrences": 3, "input_injection": True,
-                       "state_std": 0.02, "init": "deepnorm", "norm_eps": 1e-12}.items():
+                       "state_std": 0.02, "init_scheme": "deepnorm", "norm_eps": 1e-12}.items():
         assert recorded[key] == value, key
     assert result["training"]["steps"] == 4 and math.isfinite(result["training"]["final_loss"])
     accuracy = result["metrics"]["accuracy"]

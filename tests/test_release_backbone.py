@@ -150,7 +150,7 @@ def posbench_model(encoding: str, recurrences: int, seed: int = 0, **settings) -
         options.update(attention_bias="fire", fire_init_l=FIRE_INIT_L)
         encoding = "abacus"
     backbone = dict(norm="layer", norm_eps=1e-12, norm_position="post", mlp="geglu", embedding_norm=True,
-                    head_mlp=True, recurrences=recurrences, input_injection=True, state_std=0.02, init="deepnorm")
+                    head_mlp=True, recurrences=recurrences, input_injection=True, state_std=0.02, init_scheme="deepnorm")
     backbone.update(settings)
     model = Transformer(ModelConfig(vocab_size=VOCAB, d_model=D, n_layers=LAYERS, n_heads=HEADS, d_ff=D_FF,
                                     max_seq_len=16, encoding=encoding, encoding_options=options, attention="eager",
@@ -474,7 +474,7 @@ def test_the_releases_self_attention_init_goes_by_row_block_not_by_role(recurren
     assert within(rows[3, 0], small) and not within(rows[3, 0], one)     # head 3's queries: gain g
     torch.manual_seed(0)
     ours = Transformer(ModelConfig(vocab_size=VOCAB, d_model=d, n_layers=layers, n_heads=HEADS, d_ff=d,
-                                   encoding="rope", init="deepnorm", recurrences=r, norm="layer",
+                                   encoding="rope", init_scheme="deepnorm", recurrences=r, norm="layer",
                                    norm_position="post", mlp="geglu", embedding_norm=True, head_mlp=True,
                                    input_injection=True))
     q, k, v = ours.blocks[0].attn.qkv.weight.detach().view(3, HEADS, hd, d)
@@ -485,7 +485,7 @@ def test_the_releases_deepnorm_init_redraws_fires_mlp(recurrent):
     """A difference of init (FIRE and Abacus + FIRE runs): ``_init_module`` visits every module of the release's
     model, FIRE's two nn.Linear included, so under ``deepnorm-straight`` FIRE's MLP is Xavier normal at gain g with
     zero biases (every breakpoint -b1/w1 at u = 0: at init the bias is linear in the normalised distance u >= 0).
-    posbench's FIRE keeps its own init under ``init=deepnorm`` (PyTorch's default: the first layer's weights and
+    posbench's FIRE keeps its own init under ``init_scheme=deepnorm`` (PyTorch's default: the first layer's weights and
     biases U(-1, 1), std 0.58; tests/test_backbone.py), as DAPE's FIRE class releases it."""
     release = release_model(recurrent, "fire", 1)
     g = (8 * LAYERS * 1) ** -0.25

@@ -44,10 +44,11 @@ def test_fresh_tape_equals_rope_with_the_same_shared_weights(gate):
 
 # ---- the layer, written out from the specification ---------------------------------------------------------
 def tape_by_the_spec(model, toks):
-    """TAPE in float64 from the reference's equations (tape-and-baselines.md section 1), sharing nothing with
-    posbench but the weights: q and k pairs multiplied by explicit 2x2 blocks E, an explicit attention matrix A,
-    C, S <- C, S + s_h A (C, S), then dE[h] = sum_p W_down[h, p] g[p] sum_h' W_up[p, h'] E[h'] with
-    g = SiLU(W_x m) from the MLP output m. Returns logits and the state (C, S) after each layer."""
+    """TAPE in float64 from its equations (Zhu et al., ICML 2025, arXiv:2501.00712, as its release VITA-Group/TAPE
+    466d9e6 ``models/llama/adape.py`` computes them; posbench/encodings/tape.py's docstring writes them out),
+    sharing nothing with posbench but the weights: q and k pairs multiplied by explicit 2x2 blocks E, an explicit
+    attention matrix A, C, S <- C, S + s_h A (C, S), then dE[h] = sum_p W_down[h, p] g[p] sum_h' W_up[p, h'] E[h']
+    with g = SiLU(W_x m) from the MLP output m. Returns logits and the state (C, S) after each layer."""
     cfg = model.config
     b, n = toks.shape
     heads, d = cfg.n_heads, cfg.head_dim

@@ -25,9 +25,24 @@ the model's own normalised projections, which bound every logit at initialisatio
 are measured where they act instead: the largest change of what it adds to a token's embedding, in units of the
 token embeddings' root mean square (the rule's one unit is then "as large as a token embedding").
 
+A position parameter that only scales what it already does (a **gain**: a learned temperature, a per-head
+multiplier of a fixed bias) cannot create a pattern, only make its own larger or smaller, so it is judged by its
+**relative change**: where it first acts (the first layer whose logits it changes; the layers after that see it
+through the hidden states), the change its move makes is, head by head, its contribution (what setting it to zero
+takes away) times a number, and the relative change is the largest of those numbers (a gain g moved by S: S / |g|).
+A unit that starts at zero contributes nothing to scale and is never a gain.
+
+Before any of that, each trainable tensor's gradient is taken twice, of the visible logits weighed by fixed random
+numbers (so that no change of a logit cancels): at the initial values and with every parameter moved as above (a
+tensor behind a zero-initialised one, TAPE's ``x_proj`` behind its ``up_proj``, has a zero gradient at the first
+only). A tensor whose gradient is exactly zero at both is cut off from training (``p.detach()``, ``p.data``,
+``0 * p``): the optimizer can never move it, whatever its reach.
+
 The rule: a position parameter **fails** when it is frozen but changes the attention, when the optimizer skips
-one of its tensors, or when its reach is below ``MIN_REACH`` = 1 logit. One that is frozen and changes nothing
-(TAPE's last layer, whose state is discarded) passes as unused.
+one of its tensors, when a tensor's gradient is exactly zero at both points, when it is a gain whose relative
+change is below ``MIN_RELATIVE`` = 0.1, or, when it is not a gain, when its reach is below ``MIN_REACH`` = 1
+logit. One that is frozen and changes nothing (TAPE's last layer, whose state is discarded) passes as unused. A
+parameter with no elements (a size-0 tensor) has nothing to learn: it is named in one line and not measured.
 """
 
 from __future__ import annotations
@@ -46,6 +61,10 @@ from posbench.encodings.base import PositionalEncoding
 
 #: the least reach (logits) a learned position parameter must have within the budget
 MIN_REACH = 1.0
+#: the least relative change a gain must have within the budget (S / |g| for a gain g)
+MIN_RELATIVE = 0.1
+#: a gain's move must equal its contribution times a number to this fraction of the move's largest change
+PARALLEL = 1e-3
 
 
 def default_task(encoding_cls: Any) -> str:
@@ -89,6 +108,10 @@ def check_learnable(report: Report, name: str, task: str | None = None, preset: 
     torch.manual_seed(0)
     model = Transformer(shape).eval()
     params = dict(model.encoding.named_parameters())
+    empty = [f"{n} {list(p.shape)}" for n, p in params.items() if not p.numel()]
+    if empty:                   # a size-0 tensor: nothing to move, nothing to measure
+        report.run("parameters with no elements", lambda: f"{', '.join(empty)}: nothing to learn, not measured")
+    params = {n: p for n, p in params.items() if p.numel()}
     if not params:              # nothing learned, nothing to check
         return
     length = model.config.max_seq_len
@@ -96,8 +119,13 @@ def check_learnable(report: Report, name: str, task: str | None = None, preset: 
     groups = {id(p): group for group in make_optimizer(model, train).param_groups for p in group["params"]}
     budget = f"{task} preset '{config.preset}': {train.steps} steps"
     factor = summed_lr(train) / train.lr if train.lr else 0.0
-    moved = moved_parameters(model, params, tokens, {n: factor * groups[id(p)]["lr"] for n, p in params.items()
-                                                     if p.requires_grad and id(p) in groups})
+    trainable = {n: p for n, p in params.items() if p.requires_grad}
+    moved = moved_parameters(params, gradients(model, trainable, tokens),
+                             {n: factor * groups[id(p)]["lr"] for n, p in trainable.items() if id(p) in groups})
+    at_start = gradients(model, trainable, tokens, weighed=True)
+    with replaced(params, moved):
+        after_move = gradients(model, trainable, tokens, weighed=True)
+    cut_off = {n for n in trainable if all(g is None or not g.any() for g in (at_start[n], after_move[n]))}
     on_embeddings = type(model.encoding).embed is not PositionalEncoding.embed
     measure = partial(added_to_embeddings if on_embeddings else logits_of, model, tokens)
     change = largest_embedding_change if on_embeddings else largest_change
@@ -107,15 +135,23 @@ def check_learnable(report: Report, name: str, task: str | None = None, preset: 
         with replaced(params, moved):
             all_moved = measure()
         for unit, names in position_parameters(params).items():
-            with replaced(params, {n: torch.zeros_like(params[n]) for n in names}):
+            zeros = {n: torch.zeros_like(params[n]) for n in names}
+            with replaced(params, zeros):
                 effect = change(measure(), base)
             with replaced(params, {**moved, **{n: params[n].detach() for n in names}}):
-                reach = change(all_moved, measure())
+                unmoved = measure()
+            reach = change(all_moved, unmoved)
             step = max((moved[n] - params[n]).abs().max().item() for n in names)
+            relative = None
+            if step > 0:                # moved at all (not frozen, not skipped): is it a gain?
+                with replaced(params, {**moved, **zeros}):
+                    relative = gain_change(all_moved, unmoved, measure(), per_head=not on_embeddings)
             frozen = all(not params[n].requires_grad for n in names)
             skipped = [n for n in names if params[n].requires_grad and id(params[n]) not in groups]
+            dead = [n for n in names if n in cut_off]
             report.run(f"learns {unit} within the {budget}",
-                       lambda e=effect, r=reach, s=step, f=frozen, k=skipped: verdict(e, r, s, f, k, unit_name))
+                       lambda e=effect, r=reach, s=step, f=frozen, k=skipped, d=dead, g=relative:
+                       verdict(e, r, s, f, k, unit_name, cut_off=d, relative=g))
 
 
 def position_parameters(params: dict[str, Tensor]) -> dict[str, list[str]]:
@@ -130,32 +166,95 @@ def position_parameters(params: dict[str, Tensor]) -> dict[str, list[str]]:
     return units
 
 
-def verdict(effect: float, reach: float, step: float, frozen: bool, skipped: list[str], unit: str = "logits") -> str:
+def verdict(effect: float, reach: float, step: float, frozen: bool, skipped: list[str], unit: str = "logits",
+            cut_off: list[str] = (), relative: float | None = None) -> str:
+    """The line of one position parameter (see the module docstring): its measurements when it passes, else
+    ``CheckFailed`` saying which rule it breaks and what would mend it. ``cut_off``: its tensors whose gradient is
+    exactly zero at both points; ``relative``: its relative change when it is a gain, None when it is not."""
     detail = f"effect {effect:.3g} {unit}, reach {reach:.3g} (every element moved {step:.3g})"
+    if relative is not None:
+        detail = f"a gain: relative change {relative:.3g}, " + detail
     if frozen:
         if max(effect, reach) > 0:
             raise CheckFailed(f"frozen (requires_grad=False) but it changes the attention: {detail}")
         return "unused: frozen, and it changes no attention weight"
     if skipped:
         raise CheckFailed(f"the optimizer skips {', '.join(skipped)}: {detail}")
+    if cut_off:
+        raise CheckFailed(f"the gradient of {', '.join(cut_off)} is exactly zero, at the initial values and with "
+                          f"every parameter moved: training never moves it (is it detached, read through .data, or "
+                          f"multiplied by zero?): {detail}")
+    if relative is not None:
+        if not relative >= MIN_RELATIVE:
+            raise CheckFailed(f"a gain the budget can change by at most {relative:.3g} of itself (< {MIN_RELATIVE:g}):"
+                              f" {detail}; learn it as a fixed factor times a gain that starts at 1, or learn its "
+                              f"logarithm")
+        return detail
     if not reach >= MIN_REACH:
         raise CheckFailed(f"the budget can move its effect by at most {reach:.3g} {unit} (< {MIN_REACH:g}): "
                           f"{detail}; initialise or scale it as its authors release it")
     return detail
 
 
-def moved_parameters(model, params: dict[str, Tensor], tokens: Tensor, steps: dict[str, float]) -> dict[str, Tensor]:
-    """Every parameter moved by its summed step size per element, in the direction that widens the near-minus-far
-    gap of the logits (+1 where the gradient is zero)."""
+def gradients(model, trainable: dict[str, Tensor], tokens: Tensor, weighed: bool = False) -> dict[str, Tensor | None]:
+    """The gradient for each trainable parameter (None: none reaches it) of the logits' near-minus-far gap, or
+    (``weighed``) of the visible logits weighed by fixed random numbers: zero there only for a parameter that
+    the logits do not depend on (one the near-minus-far gap ignores, a per-head constant bias, is not)."""
+    if not trainable:
+        return {}
     with torch.enable_grad():
-        trainable = {n: p for n, p in params.items() if p.requires_grad}
-        total = torch.stack([near_minus_far(s) for s in recorded_logits(model, tokens)]).sum()
+        logits = recorded_logits(model, tokens)
+        if weighed:
+            generator = torch.Generator().manual_seed(0)
+            total = torch.stack([(s * torch.randn(s.shape, generator=generator).tril()).sum() for s in logits]).sum()
+        else:
+            total = torch.stack([near_minus_far(s) for s in logits]).sum()
         grads = torch.autograd.grad(total, list(trainable.values()), allow_unused=True) if total.requires_grad \
             else [None] * len(trainable)
-    direction = {n: (torch.ones_like(p) if g is None else torch.where(g == 0, 1.0, g.sign()))
-                 for (n, p), g in zip(trainable.items(), grads)}
+    return dict(zip(trainable, grads))
+
+
+def moved_parameters(params: dict[str, Tensor], grads: dict[str, Tensor | None],
+                     steps: dict[str, float]) -> dict[str, Tensor]:
+    """Every parameter moved by its summed step size per element, in the direction that widens the near-minus-far
+    gap of the logits (the sign of its gradient ``grads``; +1 where the gradient is zero)."""
+    direction = {n: (torch.ones_like(params[n]) if g is None else torch.where(g == 0, 1.0, g.sign()))
+                 for n, g in grads.items()}
     return {n: (p + steps[n] * direction[n]).detach() if n in steps and n in direction else p.detach().clone()
             for n, p in params.items()}         # what training cannot move (frozen, skipped) stays
+
+
+def gain_change(moved: list[Tensor], unmoved: list[Tensor], zeroed: list[Tensor], per_head: bool) -> float | None:
+    """The relative change of a unit that is a gain, None when it is not. Everything else moved in all three
+    measurements; the unit moved (``moved``), at its initial values (``unmoved``), at zero (``zeroed``). Where it
+    first acts (the first layer whose measurement it changes), its move ``moved - unmoved`` must equal its
+    contribution ``unmoved - zeroed`` times a number in each head (``per_head``; else in the whole tensor), to
+    ``PARALLEL`` of the move's largest change; the relative change is the largest such number."""
+    for m, u, z in zip(moved, unmoved, zeroed):
+        if per_head:                    # [B, H, N, N] logits -> per head, visible keys, relative to the diagonal
+            n = m.shape[-1]
+            visible = torch.ones(n, n, dtype=torch.bool, device=m.device).tril()
+            m, u, z = (relative_to_diagonal(x.double()).masked_fill(~visible, 0).transpose(0, 1)
+                       for x in (m, u, z))
+        else:
+            m, u, z = (x.double()[None] for x in (m, u, z))
+        rounding = 1e-6 * max(float(u.abs().max()), 1.0)       # float32 rounding of what was measured
+        move, contribution = (m - u).flatten(1), (u - z).flatten(1)
+        if not move.any() and not contribution.any():
+            continue                    # a layer before the one it acts in
+        tolerance = PARALLEL * float(move.abs().max()) + rounding
+        ratios = []
+        for d, c in zip(move, contribution):
+            if float(c.abs().max()) <= rounding:
+                if float(d.abs().max()) > tolerance:
+                    return None         # its move makes something where it contributes nothing
+                continue
+            ratio = float((d * c).sum() / (c * c).sum())
+            if float((d - ratio * c).abs().max()) > tolerance:
+                return None
+            ratios.append(abs(ratio))
+        return max(ratios) if ratios else None
+    return None
 
 
 def near_minus_far(scores: Tensor) -> Tensor:

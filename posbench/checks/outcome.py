@@ -45,18 +45,32 @@ class Report:
             detail = fn() or ""
             self.checks.append(Check(name, True, detail))
             return True
-        except CheckFailed as exc:
-            self.checks.append(Check(name, False, one_line(str(exc))))
         except Exception as exc:  # noqa: BLE001  (whatever the user's code raises is what the check found)
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            self.checks.append(Check(name, False, one_line(f"{type(exc).__name__}: {exc} "
-                                                           f"({where.filename}:{where.lineno})")))
+            self.checks.append(Check(name, False, failure(exc)))
+        return False
+
+    def guard(self, name: str, fn: Callable[[], None]) -> bool:
+        """Run ``fn``, which adds checks of its own: when it raises, the checks it added stay, and one failed
+        check ``name`` says what it raised."""
+        try:
+            fn()
+            return True
+        except Exception as exc:  # noqa: BLE001
+            self.checks.append(Check(name, False, failure(exc)))
         return False
 
     def assert_ok(self) -> None:
         """For a test suite: an ``AssertionError`` listing every failed check."""
         if not self.passed:
             raise AssertionError("\n".join(c.line(self.subject) for c in self.failed))
+
+
+def failure(exc: Exception) -> str:
+    """The one line of a failed check: ``CheckFailed``'s message, or any other exception with where it was raised."""
+    if isinstance(exc, CheckFailed):
+        return one_line(str(exc))
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    return one_line(f"{type(exc).__name__}: {exc} ({where.filename}:{where.lineno})")
 
 
 def one_line(text: str) -> str:

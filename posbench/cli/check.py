@@ -46,7 +46,10 @@ def check(names: list[str] = typer.Argument(..., help="encodings or tasks, by na
             if name not in ENCODINGS and name not in TASKS:
                 from posbench.registry import UnknownNameError
 
-                raise UnknownNameError("encoding or task", name, [*ENCODINGS, *TASKS])
+                error = UnknownNameError("encoding or task", name, [*ENCODINGS, *TASKS])
+                error.message += (f" One of a plugin's? posbench imports a plugin only when told: posbench --plugins "
+                                  f"FILE.py check {name} (or POSBENCH_PLUGINS=FILE.py).")
+                raise error
         for name in wanted:
             if name in ENCODINGS:
                 report = check_encoding(name, compiled=compiled, task=task, preset=preset)

@@ -77,7 +77,7 @@ def compare(
         if not result.tables:
             where = f" for task '{task}'" if task else ""
             skipped = f" ({len(result.problems)} unreadable, listed above)" if result.problems else ""
-            show_problems(result.problems)
+            show_problems(result.problems, result.warnings)
             raise ResultError(f"no finished runs{where} under {directory}{skipped}")
         if against is not None and not any(r.encoding == against for t in result.tables for r in t.rows):
             names = sorted({r.encoding for t in result.tables for r in t.rows})
@@ -95,7 +95,7 @@ def compare(
                 console.print()
         else:
             sys.stdout.write(rep.render_text(result, fmt))
-        show_problems(result.problems)
+        show_problems(result.problems, result.warnings)
         for path in written:
             err().print(f"wrote {path}", markup=False)
         if html is not None:
@@ -109,22 +109,30 @@ def compare(
             err().print(f"wrote {html}", markup=False)
 
 
-def show_problems(problems) -> None:
+def show_problems(problems, warnings=()) -> None:
+    """On stderr: the runs left out (unreadable), then one line per value left out or file not read."""
+    console = err()
     if problems:
-        console = err()
         console.print(f"[yellow]skipped {len(problems)} unreadable run(s):[/yellow]")
         for problem in problems:
             console.print(f"  {problem.path}: {problem.reason}", markup=False)
+    for line in warnings:
+        console.print(f"note: {line}", markup=False, soft_wrap=True)
 
 
 def write_tidy(directory: Path, task: str | None) -> None:
     """``--format tidy``: the DataFrame of ``posbench.results.frame`` as CSV on stdout."""
-    from posbench.results import frame
+    from posbench.report.tables import unusable_values
+    from posbench.results import frame_of
     from posbench.runs.record import ResultError
+    from posbench.runs.store import scan_runs
 
-    df = frame(directory)
+    runs, problems = scan_runs(directory)
     if task is not None:
-        df = df[df["task"] == task]
+        runs = [r for r in runs if r.task == task]
+    df = frame_of(runs)
     if df.empty:
+        show_problems(problems, unusable_values(runs))
         raise ResultError(f"no finished runs{f' for task {task!r}' if task else ''} under {directory}")
     sys.stdout.write(df.to_csv(index=False))
+    show_problems(problems, unusable_values(runs))

@@ -29,7 +29,8 @@ def export(
     """Export a run's model and tokenizer as a Hugging Face model directory (RoPE: a plain Llama).
 
     AutoModelForCausalLM and AutoTokenizer.from_pretrained(OUT_DIR) load it. Any encoding but RoPE is posbench's
-    own model type (model_type 'posbench'): pass trust_remote_code=True. An extend run's model keeps its method:
+    own model type (model_type 'posbench'): pass trust_remote_code=True to both (AutoTokenizer reads config.json
+    too, and asks otherwise). An extend run's model keeps its method:
     LoRA folded into a plain Llama (yarn, ntk: transformers' rope parameters), TAPE as its own model type."""
     from rich.markup import escape
 
@@ -44,6 +45,6 @@ def export(
         from posbench.hf.tape_model import MODEL_TYPE
 
         name = "TapeLlamaForCausalLM" if meta["kind"] == MODEL_TYPE else "PosbenchForCausalLM"
-        how = f"{name}: pass trust_remote_code=True (posbench must be installed)"
+        how = f"{name}: pass trust_remote_code=True to the model and the tokenizer (posbench must be installed)"
     out().print(f"[bold]export[/bold] {source['task']} / [bold]{source['encoding']}[/bold] "
                 f"({meta['tokenizer']['kind']} tokenizer) -> {escape(meta['path'])}  {escape(f'[{how}]')}")

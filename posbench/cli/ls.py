@@ -174,12 +174,23 @@ def method_detail(name: str) -> list[RenderableType]:
 
 def presets_detail(name: str) -> list[RenderableType]:
     from posbench.tasks import TASKS
+    from posbench.tasks.presets import presets_of
 
+    if name not in TASKS:
+        holders = [task for task in sorted(TASKS) if name in presets_of(TASKS[task])]
+        if holders:
+            from posbench.errors import ConfigError
+
+            raise ConfigError(f"'{name}' is a preset, not a task: 'posbench ls presets TASK' shows a task's presets "
+                              f"(the tasks with a '{name}': {', '.join(holders)}); 'posbench ls presets' shows every "
+                              f"task's")
     TASKS.get(name)
     rows = preset_rows(name)
     table = _table(["preset", "model", "seq", "steps x batch", "lr", "time"],
                    [[r["preset"], r["shape"], r["seq"], r["steps"], r["lr"], r["time"]] for r in rows])
-    return [Text(f"presets of task {name} (* default)", style="bold"), table,
+    tiny = "; tiny is a smoke test: its numbers do not compare encodings" if any(
+        r["preset"].rstrip("*") == "tiny" for r in rows) else ""
+    return [Text(f"presets of task {name} (* default{tiny})", style="bold"), table,
             *_lines([(r["preset"], f"expected {r['expected']}{r['note']}; task options: {r['options']}")
                      for r in rows])]
 
@@ -207,7 +218,8 @@ def fmt_expected(expected: Any) -> str:
     return text
 
 
-PRESETS_TITLE = "presets (* default; every key can be changed with --set section.key=value)"
+PRESETS_TITLE = ("presets (* default; tiny is a smoke test: its numbers do not compare encodings; every key can be "
+                 "changed with --set section.key=value)")
 
 
 def preset_rows(name: str) -> list[dict[str, str]]:

@@ -101,6 +101,13 @@ def run(
             show_outcome(outcome)
         if len(configs) > 1 and outcome.main:
             out().print(f"compare them: posbench compare {out_dir / configs[0].task}")
+        if outcome.main and any(config.preset == "tiny" for config in configs):
+            out().print(TINY_NOTE)
+
+
+#: what a run of the tiny preset says after its results
+TINY_NOTE = ("note: tiny is a smoke test (does the pipeline run, in seconds?): its numbers do not compare encodings "
+             "(they are often the same for all); compare at the default preset (small) or larger")
 
 
 def parse_seeds(seed: str | None, seeds: int | None) -> list[int]:
@@ -141,13 +148,17 @@ def show_outcome(outcome) -> None:
     if not outcome.main:                     # torchrun's other ranks: rank 0 reports
         return
     record = outcome.record
-    metrics = "  ".join(f"{name} {fmt_metric(m)}" for name, m in record.metrics.items())
+    metrics = "  ".join(f"{name} {fmt_metric(m, record, name)}" for name, m in record.metrics.items())
     timing = record.timings
     out().print(f"[bold]{record.task}[/bold] / [bold]{record.encoding}[/bold]: {metrics}  "
                 f"(train {timing.train_s or 0:.0f}s, eval {timing.eval_s or 0:.0f}s) -> {outcome.run_dir}")
 
 
-def fmt_metric(metric) -> str:
+def fmt_metric(metric, record=None, name: str | None = None) -> str:
+    """A metric as the run line shows it; ``(incomplete)`` after a value its run recorded as incomplete (a SCROLLS
+    score over fewer than the seven data sets: ``posbench.report.tables.incomplete``)."""
     from posbench.report import Cell, fmt_cell
+    from posbench.report.tables import incomplete
 
-    return fmt_cell(Cell(metric.value, metric.stderr))
+    flag = "incomplete" if record is not None and name is not None and incomplete(record, name) else None
+    return fmt_cell(Cell(metric.value, metric.stderr, flag=flag))

@@ -16,6 +16,7 @@ also as ``--name`` alone (true) and ``--no-name`` (false). Lists are comma-separ
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -112,10 +113,11 @@ def option_key(section: str, key: str) -> str:
         if section.startswith(ONE_ENCODING) else key
 
 
-def own_options(command: Any) -> set[str]:
-    """The options a click command declares itself (``--dry-run``, ``-q``, ``--no-compiled``): never settings flags."""
-    return {name for param in command.params for name in (*getattr(param, "opts", []),
-                                                          *getattr(param, "secondary_opts", []))}
+def own_options(command: Any) -> dict[str, str]:
+    """The options a click command declares itself (``--dry-run``, ``-q``, ``--no-compiled``: never settings flags),
+    each with its help (an unknown flag's suggestions read it)."""
+    return {name: getattr(param, "help", None) or "" for param in command.params
+            for name in (*getattr(param, "opts", []), *getattr(param, "secondary_opts", []))}
 
 
 def parse_flags(args: list[str], known: dict[str, tuple[str, Any]], command: str, where: str,
@@ -134,7 +136,7 @@ def parse_flags(args: list[str], known: dict[str, tuple[str, Any]], command: str
         key = name[3:] if negated else name
         if key not in known:
             names = [*known, *(o[2:] for o in own if o.startswith("--"))]
-            close = difflib.get_close_matches(key, names, n=3)
+            close = suggestions(key, names, own)
             hint = f"; did you mean {', '.join('--' + c for c in close)}?" if close else ""
             raise ConfigError(f"{command}: unknown option --{name}{hint} ({where})")
         if negated and eq:
@@ -155,6 +157,23 @@ def parse_flags(args: list[str], known: dict[str, tuple[str, Any]], command: str
             i += 1
         found.append((section, key.replace("-", "_"), value))
     return found
+
+
+def suggestions(key: str, names: list[str], own: Iterable[str] | dict[str, str]) -> list[str]:
+    """What an unknown flag ``--key`` may have meant, best first, at most 3: the options whose name begins it
+    (``--output``: ``--out``), else the command's own options whose help names it (``described``), else the
+    nearest spellings."""
+    begins = [name for name in names if len(name) >= 3 and key.startswith(name) and key != name]
+    return (begins or described(key, own) or difflib.get_close_matches(key, names, n=3))[:3]
+
+
+def described(key: str, own: Iterable[str] | dict[str, str]) -> list[str]:
+    """The command's own options whose help has a word that starts with ``key`` (at least 4 letters): ``--results``
+    is ``--out`` ("Results root directory"), where its spelling is nearest ``--resume``."""
+    if len(key) < 4 or not isinstance(own, dict):
+        return []
+    word = re.compile(rf"\b{re.escape(key.replace('-', ' '))}", re.IGNORECASE)
+    return [name[2:] for name, text in own.items() if name.startswith("--") and word.search(text)][:3]
 
 
 def true_or_false(option: Any) -> bool:

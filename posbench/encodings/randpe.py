@@ -14,17 +14,23 @@ say, and then the range factor alone).
 
 At evaluation the positions are random too (``eval_random``, default true), as in both releases (Ruoss et al.'s
 ``range_evaluation.py`` applies the same noisy model; the TAPE reference's ``randrope.py`` has no training check).
-Each sequence gets its own draw, from a generator seeded with ``eval_seed`` (recorded with the options) and the
-sequence's tokens (a hash of them): an evaluation is repeatable, two windows of text get independent draws, and a
-number never depends on how the windows are batched or split between processes. A row of a padded batch draws as
-many positions as it has real tokens, as it would alone. At the longest evaluation the draw takes every position of
-the span (the span is that length), in order: what the model read in training, 0..N-1 itself.
+Each sequence gets its own draw, keyed on ``eval_seed`` (recorded with the options) and its tokens, causally: the
+draw is made one position after another, position p from a number keyed on the seed and the tokens up to p (a
+running hash), given the positions before it, by the law of the next element of a uniform sorted draw (so the
+whole is still one uniform sorted draw of N). A token's position therefore depends on no later token, and neither
+does any logit up to it: a perplexity is a product of p(x_i | x_<i) (the draw depends on the sequence's length N,
+which every window of one evaluation length shares). An evaluation is repeatable, two windows of text get
+independent draws (from their first differing token on), and a number never depends on how the windows are batched
+or split between processes. A row of a padded batch draws as many positions as it has real tokens, as it would
+alone. At the longest evaluation the draw takes every position of the span (the span is that length), in order:
+what the model read in training, 0..N-1 itself.
 
 With a KV cache (generation) the first call draws the positions of the whole sequence the cache was made for (the
 prompt and the new tokens: ``posbench.model.generate.PLANNED``, which greedy decoding sets; else the prompt and
-``DECODE_RESERVE`` more, as many as the span holds), keyed on the prompt, and keeps the draw in the cache's memory;
-later tokens read their positions from it. So a prompt and its answer are one sorted draw of the sequence's
-length, as in training. A token past the draw takes the position after the last one.
+``DECODE_RESERVE`` more, as many as the span holds), the prompt's positions keyed as above and the rest on the prompt
+alone, and keeps the draw in the cache's memory; later tokens read their positions from it. So a prompt and its
+answer are one sorted draw of the sequence's length, as in training. A token past the draw takes the position after
+the last one.
 
 Options that differ from a release, each documented:
 - ``per_layer`` (default False): both releases draw anew in every attention layer (each layer owns its sampler);
@@ -62,8 +68,8 @@ class RandPE(RoPE):
         "per_layer": Option(False, "new positions in every layer while training (the releases; default: one draw "
                                    "per pass, as the paper describes)"),
         "eval_random": Option(True, "random positions at evaluation too (Ruoss et al.; false: 0..N-1)"),
-        "eval_seed": Option(0, "seed of the evaluation's draws (each sequence's draw: this seed and its tokens)",
-                            at_least(0)),
+        "eval_seed": Option(0, "seed of the evaluation's draws (a token's position: this seed and the tokens up "
+                               "to it)", at_least(0)),
     }
 
     deterministic_options = {"eval_random": False}
@@ -81,12 +87,35 @@ class RandPE(RoPE):
         return torch.randperm(self.span, device=device)[:count].sort().values
 
     def evaluation_draw(self, tokens: Tensor, count: int) -> Tensor:
-        """A sorted random subset of ``[0, span)`` of ``count`` positions for the sequence ``tokens`` (one row),
-        from a generator seeded with ``eval_seed`` and a hash of the tokens (on the host: one randperm of the span)."""
-        digest = hashlib.blake2b(tokens.detach().to("cpu", torch.int64).numpy().tobytes(), digest_size=8,
-                                 key=str(self.options["eval_seed"]).encode())
-        generator = torch.Generator().manual_seed(int.from_bytes(digest.digest(), "little") >> 1)
-        return torch.randperm(self.span, generator=generator)[:count].sort().values.to(tokens.device)
+        """A sorted random subset of ``[0, span)`` of ``count`` positions for the sequence ``tokens`` (one row, its
+        real tokens), drawn one position after another: position p from a uniform number keyed on ``eval_seed``
+        and ``tokens[:p + 1]`` (a position past the tokens: on all of them and p), given the positions before it,
+        by the law of the next element of a uniform sorted draw of ``count`` (so the whole is one such draw). A
+        token's position, and with it every logit up to it, depends on no later token (on the host: a loop over
+        the span)."""
+        ids = tokens.detach().to("cpu", torch.int64).tolist()
+        hasher = hashlib.blake2b(digest_size=8, key=str(self.options["eval_seed"]).encode())
+        draw, last = [], -1
+        for p in range(count):
+            if p < len(ids):
+                hasher.update(ids[p].to_bytes(8, "little", signed=True))
+                digest = hasher.digest()
+            else:                                      # reserved for generated tokens: keyed on the prompt
+                beyond = hasher.copy()
+                beyond.update(b"past" + p.to_bytes(8, "little"))
+                digest = beyond.digest()
+            u = (int.from_bytes(digest, "little") >> 11) / 2.0 ** 53
+            slots, needed = self.span - last - 1, count - p
+            # the gap g to the next position: P(g) = C(slots - g - 1, needed - 1) / C(slots, needed)
+            gap, prob = 0, needed / slots
+            cumulative = prob
+            while u >= cumulative and gap < slots - needed:
+                prob *= (slots - gap - needed) / (slots - gap - 1)
+                gap += 1
+                cumulative += prob
+            last += gap + 1
+            draw.append(last)
+        return torch.tensor(draw, dtype=torch.long, device=tokens.device)
 
     def sample_positions(self, positions: Tensor, tokens: Tensor | None = None, memory: dict | None = None) -> Tensor:
         """The positions RoPE rotates by: each row's position p read from a sorted random draw, ``D[p]`` (positions

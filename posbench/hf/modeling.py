@@ -68,7 +68,7 @@ class PosbenchConfig(PreTrainedConfig):
     eval_recurrences: int = 0
     input_injection: bool = False
     state_std: float = 0.0
-    init: str = "normal"
+    init_scheme: str = "normal"
     tie_word_embeddings: bool = False
     use_cache: bool = True
     bos_token_id: int | None = None

@@ -1,7 +1,8 @@
 """TAPE inside a Hugging Face Llama: the model keeps its weights; three module swaps add TAPE.
 
-TAPE (``posbench.encodings.tape``, reference spec ``tape-and-baselines.md`` section 1) carries a positional
-state (C, S), ``[B, H, N, D]`` each, next to the hidden states. Llama's rotary table repeats its D/2 angles in
+TAPE (``posbench.encodings.tape``, whose docstring writes out the layer; Zhu et al., ICML 2025, arXiv:2501.00712,
+and its release VITA-Group/TAPE 466d9e6 ``models/llama/adape.py``) carries a positional state (C, S),
+``[B, H, N, D]`` each, next to the hidden states. Llama's rotary table repeats its D/2 angles in
 both halves, as posbench's own RoPE table does, so the state is carried tied as posbench's TAPE carries it:
 ``[c | s]``, ``[B, H, N, D]``, half of C and half of S (every update treats the channels alike, so the halves
 stay equal). A table whose halves differ (checked on the first pass) is carried untied, ``[B, H, N, 2D]``.

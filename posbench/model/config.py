@@ -10,7 +10,7 @@ from posbench.options import OneOf, OptionError, at_least, check_fields, option,
 
 #: the fields that shape the backbone (docs/encodings.md, "Backbones"); their defaults are the pre-norm decoder
 BACKBONE = ("norm", "norm_position", "mlp", "embedding_norm", "head_mlp", "recurrences", "eval_recurrences",
-            "input_injection", "state_std", "init")
+            "input_injection", "state_std", "init_scheme")
 
 
 @dataclass
@@ -31,7 +31,7 @@ class ModelConfig:
     init_std: float = option(0.02, "the standard deviation of the N(0, std) initialisation", positive())
     # The backbone (docs/encodings.md, "Backbones"). The defaults are the pre-norm decoder; the arithmetic releases'
     # depth-recurrent class (zhuconv/arithmetic, mcleish7/arithmetic) is norm=layer, norm_position=post, mlp=geglu,
-    # embedding_norm, head_mlp, input_injection, state_std=0.02, init=deepnorm, norm_eps=1e-12.
+    # embedding_norm, head_mlp, input_injection, state_std=0.02, init_scheme=deepnorm, norm_eps=1e-12.
     norm: str = option("rms", "the norm: rms (RMSNorm, no bias) or layer (LayerNorm, with its bias)",
                        OneOf(("rms", "layer")))
     norm_position: str = option("pre", "pre: x + f(norm(x)); post: norm(x + f(x)) (the depth-recurrent class)",
@@ -48,7 +48,7 @@ class ModelConfig:
                                           "recurrence, onto an initial state (zero, or N(0, state_std))")
     state_std: float = option(0.0, "with input_injection: the std of the random initial state drawn at every "
                                    "training forward pass (0: zero); at evaluation it is zero", at_least(0))
-    init: str = option("normal", "the model's own weights: normal (N(0, init_std)) or deepnorm (Xavier normal, "
+    init_scheme: str = option("normal", "the model's own weights: normal (N(0, init_std)) or deepnorm (Xavier normal, "
                                  "gain (8 L)^-1/4 but 1 for queries and keys; embeddings N(0, d_model^-1/2))",
                        OneOf(("normal", "deepnorm")))
 
@@ -67,7 +67,7 @@ class ModelConfig:
     @property
     def embedding_std(self) -> float:
         """The token embeddings' init std (what a table added to them is drawn like)."""
-        return self.d_model ** -0.5 if self.init == "deepnorm" else self.init_std
+        return self.d_model ** -0.5 if self.init_scheme == "deepnorm" else self.init_std
 
     @property
     def head_dim(self) -> int:

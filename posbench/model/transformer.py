@@ -210,7 +210,7 @@ class Transformer(nn.Module):
         return (m for m in self.modules() if id(m) not in encoding)
 
     def _init_weights(self, module: nn.Module) -> None:
-        if self.config.init == "deepnorm":
+        if self.config.init_scheme == "deepnorm":
             deepnorm_init(module, self.config, self.lm_head)
         elif isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)

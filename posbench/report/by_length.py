@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from posbench.report.best import RULE, mark_best
-from posbench.report.structure import Cell, Row, TaskTable
+from posbench.report.structure import Cell, Row, TaskTable, grid_values
 from posbench.stats import seed_interval
 
 
@@ -28,7 +28,7 @@ def bounded_grid(run: Any) -> tuple[str, dict[str, Any]] | None:
         axes = data.get("axes") or []
         bounds = (data.get("meta") or {}).get("train_max") or {}
         if len(axes) == 2 and all(a.get("name") in bounds for a in axes) and axes[0]["values"] == axes[1]["values"] \
-                and bounds[axes[0]["name"]] == bounds[axes[1]["name"]]:
+                and bounds[axes[0]["name"]] == bounds[axes[1]["name"]] and grid_values(data) is not None:
             return name, data
     return None
 
@@ -37,7 +37,7 @@ def by_longer_axis(grid: dict[str, Any]) -> dict[str, float]:
     """Column label -> the mean of the grid's cells at that length of the longer axis (the trained region pooled
     into one column, ``<= T``); a column without a value (every cell missing) is left out."""
     ya, bounds = grid["axes"][0], grid["meta"]["train_max"]          # both axes alike (``bounded_grid``)
-    values = np.array([[np.nan if v is None else v for v in row] for row in grid["values"]], dtype=float)
+    values = grid_values(grid)
     lengths = np.array(ya["values"])
     trained = bounds[ya["name"]]
     longer = np.maximum.outer(lengths, lengths)

@@ -22,7 +22,7 @@ from typing import Any
 from posbench.report import grouping
 from posbench.report.structure import Row, TaskTable
 from posbench.report.best import RULE, mark_best
-from posbench.report.tables import metric_cell, metric_columns, run_id
+from posbench.report.tables import incomplete_note, metric_cell, metric_columns, run_id
 from posbench.runs.record import RunRecord
 
 
@@ -126,6 +126,8 @@ def models_table(runs: list[RunRecord]) -> TaskTable:
                 notes.append(f"{task}#{i + 1}: {', '.join(shown)}")
     if tested:
         notes.append(RULE)
+    marked = incomplete_note(runs, list(dict.fromkeys(c.rsplit(":", 1)[1] for c in columns)))
+    notes += [marked] if marked else []
     for task in sorted({str(r.task) for r in runs}):
         line = grouping.versions_note(task, [r for r in runs if str(r.task) == task])
         notes += [line] if line else []

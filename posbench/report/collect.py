@@ -10,8 +10,8 @@ from posbench.report.bench import bench_table
 from posbench.report.by_length import by_length_tables
 from posbench.report.structure import Report
 from posbench.report.by_model import models_table
-from posbench.report.paired import add_differences, forget_scores
-from posbench.report.tables import build_table
+from posbench.report.paired import add_differences, forget_scores, said
+from posbench.report.tables import build_table, unusable_values
 from posbench.runs.record import RunRecord
 from posbench.runs.store import scan_runs
 
@@ -25,7 +25,7 @@ def collect(root: Path | str, task: str | None = None, *, by_run: bool = False, 
     if task is not None:
         runs = [r for r in runs if r.task == task]
     if by_model:
-        return Report([models_table(runs)] if runs else [], problems)
+        return Report([models_table(runs)] if runs else [], problems, unusable_values(runs))
     by_task: dict[str, list[RunRecord]] = {}
     for run in runs:
         if run.bench is None:
@@ -38,4 +38,4 @@ def collect(root: Path | str, task: str | None = None, *, by_run: bool = False, 
         tables.append(table)
         tables += by_length_tables(table)
     tables += [bench_table(run) for run in runs if run.bench is not None]
-    return Report(tables, problems)
+    return Report(tables, problems, unusable_values(runs) + said())

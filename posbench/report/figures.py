@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from posbench.report.structure import Report, Row, TaskTable
+from posbench.report.structure import Report, Row, TaskTable, grid_values
 from posbench.stats import seed_interval
 
 DPI = 110
@@ -40,6 +40,24 @@ def pyplot():
     return plt
 
 
+#: every text of a figure is drawn as the characters it holds: a name from a result.json (an encoding called
+#: "$x^2$" or "$\\foo{$", a metric "a_b", "50%") is never parsed as mathtext or TeX, which drew it as something
+#: else or failed with a traceback and no figure
+PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}
+
+
+def plain_text():
+    """A context in which the figures are made and saved (tick labels are made when a figure is drawn)."""
+    import matplotlib
+
+    return matplotlib.rc_context(PLAIN_TEXT)
+
+
+def legend_label(label: str) -> str:
+    """A series' label as its legend shows it: matplotlib leaves out every label that starts with '_'."""
+    return " " + label if label.startswith("_") else label
+
+
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
@@ -50,7 +68,15 @@ def figures(report: Report) -> Iterator[tuple[str, Any]]:
         yield from table_figures(table)
 
 
-def table_figures(table: TaskTable) -> Iterator[tuple[str, Any]]:
+def table_figures(table: TaskTable) -> list[tuple[str, Any]]:
+    """``(file stem, matplotlib figure)`` for every figure of one table, made with ``PLAIN_TEXT``; save them
+    with it too (``plot``, ``png_bytes``)."""
+    pyplot()
+    with plain_text():
+        return list(_table_figures(table))
+
+
+def _table_figures(table: TaskTable) -> Iterator[tuple[str, Any]]:
     if table.kind == "bench":
         fig = bench_figure(table)
         if fig is not None:
@@ -95,14 +121,16 @@ def plot(report: Report, out_dir: Path | str, *, force: bool = False) -> list[Pa
                           f"to replace them, or choose another directory")
     out_dir.mkdir(parents=True, exist_ok=True)
     for path, fig in made:
-        atomic_save(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=DPI, format="png"))
+        with plain_text():
+            atomic_save(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=DPI, format="png"))
         plt.close(fig)
     return [path for path, _ in made]
 
 
 def png_bytes(fig) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
+    with plain_text():
+        fig.savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
 
 
@@ -114,11 +142,7 @@ def grid_ok(grid: Any) -> bool:
 
 
 def _array(grid: dict[str, Any]) -> np.ndarray:
-    return np.array(_nan(grid["values"]), dtype=float)
-
-
-def _nan(x: Any) -> Any:
-    return [_nan(v) for v in x] if isinstance(x, list) else (np.nan if x is None else x)
+    return grid_values(grid)
 
 
 def grids_by_name(table: TaskTable) -> dict[str, list[tuple[Row, dict[str, Any], list[np.ndarray]]]]:
@@ -130,7 +154,7 @@ def grids_by_name(table: TaskTable) -> dict[str, list[tuple[Row, dict[str, Any],
             names += [n for n in run.grids if n not in names]
         for name in names:
             grids = [run.grids[name].to_dict() for run in row.runs if name in run.grids]
-            grids = [g for g in grids if grid_ok(g)]
+            grids = [g for g in grids if grid_ok(g) and grid_values(g) is not None]
             if not grids:
                 continue
             first = grids[0]
@@ -303,7 +327,8 @@ def curves(task: str, name: str, items) -> Any:
     for (row, grid, arrs), style in zip(items, styles):
         xs = grid["axes"][0]["values"]
         mean, low, high = _band(arrs, value_bounds(grid, arrs))
-        (line,) = ax.plot(xs, mean, label=row.label + (f" ({len(arrs)} seeds)" if len(arrs) > 1 else ""), **style)
+        (line,) = ax.plot(xs, mean, label=legend_label(row.label + (f" ({len(arrs)} seeds)" if len(arrs) > 1 else "")),
+                          **style)
         if low is not None:
             ax.fill_between(xs, low, high, color=line.get_color(), alpha=shade, linewidth=0)
     ax.set_xlabel(axis["name"])
@@ -369,8 +394,8 @@ def history_curves(table: TaskTable, history, ylabel: str, bounds: tuple[float, 
     for i, (row, steps, arrays) in enumerate(series):
         mean, low, high = _band(arrays, bounds)
         style = {k: v for k, v in series_style(i).items() if k != "marker"}
-        (line,) = ax.plot(steps, mean, label=row.label + (f" ({len(arrays)} seeds)" if len(arrays) > 1 else ""),
-                          **style)
+        (line,) = ax.plot(steps, mean, label=legend_label(row.label + (f" ({len(arrays)} seeds)"
+                                                                       if len(arrays) > 1 else "")), **style)
         if low is not None:
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=shade, linewidth=0)
     ax.set_xlabel("step")
@@ -402,7 +427,7 @@ def bench_figure(table: TaskTable) -> Any | None:
             cells = [row.cells[f"{L}:{suffix}"] for L in lengths]
             heights = [c.value if c.value is not None else 0.0 for c in cells]
             pos = x - 0.4 + width * (i + 0.5)
-            panel.bar(pos, heights, width, label=row.label)
+            panel.bar(pos, heights, width, label=legend_label(row.label))
             for p, c in zip(pos, [row.cells[f"{L}:ms"] for L in lengths]):
                 if c.note and c.note != "-":
                     panel.text(p, 0, c.note, rotation=90, ha="center", va="bottom", fontsize=7, color="red")

@@ -23,11 +23,11 @@ def fmt_value(x: float | None) -> str:
 
 def fmt_cell(cell: Cell) -> str:
     if cell.note:
-        return cell.note
+        return cell.note + (f" ({cell.flag})" if cell.flag else "")
     text = fmt_value(cell.value)
     if cell.value is not None and cell.spread is not None:
         text += f" ± {fmt_value(cell.spread)}"
-    return text
+    return text + (f" ({cell.flag})" if cell.flag and cell.value is not None else "")
 
 
 def fmt_signed(x: float | None) -> str:
@@ -114,7 +114,8 @@ def to_csv(report: Report) -> str:
     against = any(t.differences for t in report.tables)
     head = ["task", "encoding", "label", "run_id", "seed", "seeds"]
     for name in names:
-        head += [name, f"{name}_stderr", f"{name}_n", f"{name}_best", f"{name}_ci_low", f"{name}_ci_high"]
+        head += [name, f"{name}_stderr", f"{name}_n", f"{name}_best", f"{name}_ci_low", f"{name}_ci_high",
+                 f"{name}_seeds", f"{name}_flag"]
         if against:
             head += [f"{name}_diff", f"{name}_diff_low", f"{name}_diff_high", f"{name}_diff_p"]
     writer.writerow(head + ["train_s", "path"])
@@ -128,7 +129,8 @@ def to_csv(report: Report) -> str:
                 low = None if cell.half_width is None else cell.value - cell.half_width
                 high = None if cell.half_width is None else cell.value + cell.half_width
                 line += [_raw(cell.value) if cell.value is not None else _infinity(cell), _raw(cell.stderr),
-                         _raw(cell.n), int(cell.best), _raw(low), _raw(high)]
+                         _raw(cell.n), int(cell.best), _raw(low), _raw(high), cell.seeds if name in row.cells else "",
+                         _raw(cell.flag)]
                 if against:
                     d = diffs.get((row.label, name))
                     line += ["", "", "", ""] if d is None else [_raw(d.estimate), _raw(d.low), _raw(d.high),
@@ -171,6 +173,8 @@ def to_latex(report: Report) -> str:
                     text = rf"\textbf{{{text}}}"
                 if cell.value is not None and cell.spread is not None:
                     text += rf" {{\scriptsize $\pm$ {fmt_value(cell.spread)}}}"
+                if cell.flag and (cell.value is not None or cell.note):
+                    text += rf" {{\scriptsize ({_tex(cell.flag)})}}"
                 cells.append(text)
             lines.append(_tex(row.label) + " & " + " & ".join(cells + extra_cells(table, row)) + r" \\")
         caption = _tex(table.heading) + ("" if not table.notes else ". " + _tex(" ".join(table.notes)))
@@ -194,6 +198,8 @@ def cell_dict(cell: Cell) -> dict[str, Any]:
             "ci_low": low, "ci_high": high, "values": cell.values}
     if cell.note:
         data["note"] = cell.note
+    if cell.flag:
+        data["flag"] = cell.flag
     return data
 
 
@@ -215,6 +221,8 @@ def table_dict(t: TaskTable) -> dict[str, Any]:
 def to_json(report: Report) -> str:
     data = {"tables": [table_dict(t) for t in report.tables],
             "skipped": [{"path": str(p.path), "reason": p.reason} for p in report.problems]}
+    if report.warnings:
+        data["warnings"] = list(report.warnings)
     return json.dumps(data, indent=2, default=str) + "\n"
 
 

@@ -34,7 +34,7 @@ ADDED = {"train.checkpointing": False,
          # the backbone's settings (the pre-norm decoder's values, which every earlier run had)
          "model.norm": "rms", "model.norm_position": "pre", "model.mlp": "swiglu", "model.embedding_norm": False,
          "model.head_mlp": False, "model.recurrences": 1, "model.eval_recurrences": 0, "model.input_injection": False,
-         "model.state_std": 0.0, "model.init": "normal",
+         "model.state_std": 0.0, "model.init_scheme": "normal",
          "encoding.table_init": "x-transformers", "encoding.attention_bias": "none", "encoding.fire_init_l": 0.0,
          "task.start_token": False}
 

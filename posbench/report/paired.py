@@ -11,6 +11,7 @@ seeds only (perplexity), and a note says so.
 from __future__ import annotations
 
 import math
+import zlib
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,16 +19,25 @@ from typing import Any
 from posbench.errors import UserError
 from posbench.report import grouping
 from posbench.report.structure import DifferenceRow, Row, TaskTable, num
-from posbench.files import plain_or_gzipped, read_jsonl
+from posbench.files import (MAX_PREDICTIONS_BYTES, MAX_PREDICTIONS_ROWS, TooLarge, inside, plain_or_gzipped,
+                            read_jsonl)
 from posbench.runs.record import RunRecord
 from posbench.runs.store import PREDICTIONS_FILE
 from posbench.stats import ExampleScores, paired_difference
 
 _scores: dict[str, ExampleScores | None] = {}
+_said: list[str] = []          # one line per run whose predictions were not read, and why
 
 
 def forget_scores() -> None:
     _scores.clear()
+    _said.clear()
+
+
+def said() -> list[str]:
+    """The lines ``example_scores`` had to say since ``forget_scores``: each run's predictions it refused to read
+    (a path from the record that leaves the run's folder, a file past its size bound) or could not read."""
+    return list(_said)
 
 
 def example_scores(run: RunRecord) -> ExampleScores | None:
@@ -38,18 +48,46 @@ def example_scores(run: RunRecord) -> ExampleScores | None:
     return _scores[key]
 
 
+def predictions_file(run: RunRecord) -> tuple[Path | None, str | None]:
+    """The run's predictions file (``predictions.jsonl``, or the name its record gives, plain or gzipped) and
+    None; or None and why it is not read: the record names an absolute path, or a path (or a link) that leads
+    out of the run's folder, which compare never reads. (None, None): the run has no predictions file."""
+    named = run.predictions or PREDICTIONS_FILE
+    if not isinstance(named, str):
+        return None, f"its record names predictions {str(named)[:80]!r}, not a file name"
+    if Path(named).is_absolute():
+        return None, f"its record names predictions at the absolute path {named[:200]!r}; only a file inside the " \
+                     f"run's folder is read"
+    run_dir = Path(str(run.path))
+    path = plain_or_gzipped(run_dir / named)
+    if path is None:
+        return None, None
+    if not inside(run_dir, path):
+        return None, f"its predictions {named[:200]!r} lead outside the run's folder (to {path.resolve()}); not read"
+    return path, None
+
+
 def _load_scores(run: RunRecord) -> ExampleScores | None:
     from posbench.tasks import TASKS
 
-    path = plain_or_gzipped(Path(str(run.path)) / str(run.predictions or PREDICTIONS_FILE))
+    path, refused = predictions_file(run)
     if path is None:
+        if refused:
+            _said.append(f"{run.path}: {refused}; paired across seeds only")
         return None
     try:
-        task = TASKS.get(str(run.task))
-        rows = read_jsonl(path)
-        return task.example_scores(run, rows) if rows else None
-    except (UserError, OSError, ValueError, KeyError, TypeError, IndexError):
+        rows = read_jsonl(path, limit=MAX_PREDICTIONS_BYTES, max_rows=MAX_PREDICTIONS_ROWS)
+    except TooLarge as exc:
+        _said.append(f"{run.path}: {path.name} {exc}; not read, paired across seeds only")
         return None
+    except (OSError, ValueError, EOFError, zlib.error, RecursionError) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        _said.append(f"{run.path}: {path.name} is unreadable ({reason}); paired across seeds only")
+        return None
+    try:
+        return TASKS.get(str(run.task)).example_scores(run, rows) if rows else None
+    except (UserError, OSError, ValueError, KeyError, TypeError, IndexError):
+        return None        # rows that do not rebuild the task's scores: the table's note says "seeds only"
 
 
 def _close(a: float, b: float) -> bool:

@@ -20,6 +20,7 @@ class Cell:
     seeds: int = 1                        # how many seeds the value pools
     values: list[float] = field(default_factory=list)      # one value per seed
     note: str | None = None               # shown instead of the value (e.g. "OOM")
+    flag: str | None = None               # shown after the value, in brackets ("incomplete", "1 of 2 seeds")
 
     @property
     def spread(self) -> float | None:
@@ -97,6 +98,39 @@ class TaskTable:
 class Report:
     tables: list[TaskTable]
     problems: list[Problem]
+    warnings: list[str] = field(default_factory=list)       # one line each: a value left out, a file not read
+
+
+def grid_values(grid: dict[str, Any]) -> Any:
+    """A grid's values as a float array with NaN where there is none (``null``) or where a value is not a number
+    (``unusable_grid_values`` says so), or None when they do not form an array of one dimension per axis."""
+    import numpy as np
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else np.nan
+
+    try:
+        values = np.array(clean(grid.get("values")), dtype=float)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return values if values.ndim == len(grid.get("axes") or []) else None
+
+
+def unusable_grid_values(grid: dict[str, Any]) -> tuple[int, Any]:
+    """(how many of a grid's values are neither a number nor ``null``, the first of them)."""
+    bad: list[Any] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, list):
+            for v in x:
+                walk(v)
+        elif x is not None and not (isinstance(x, (int, float)) and not isinstance(x, bool) and x == x):
+            bad.append(x)
+
+    walk(grid.get("values"))
+    return len(bad), (bad[0] if bad else None)
 
 
 def num(x: Any) -> float | None:

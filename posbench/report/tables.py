@@ -8,7 +8,7 @@ from typing import Any
 
 from posbench.report import grouping
 from posbench.report.best import RULE, mark_best
-from posbench.report.structure import Cell, Row, TaskTable, num
+from posbench.report.structure import Cell, Row, TaskTable, grid_values, num, unusable_grid_values
 from posbench.runs.record import RunRecord
 from posbench.stats import seed_interval
 
@@ -29,6 +29,7 @@ def build_table(task: str, runs: list[RunRecord], *, by_run: bool = False) -> Ta
                          "is equal")
         if repeated:
             notes.append(f"{repeated} repeated run(s) of a seed left out (the newest is kept; --by-run lists all)")
+    notes += [line for line in [incomplete_note(runs, columns)] if line]
     if mark_best(rows, columns, hib):
         notes.append(RULE)
     sort_rows(rows, primary, hib)
@@ -69,23 +70,84 @@ def _by_run_label(run: RunRecord, runs: list[RunRecord]) -> str:
     return enc
 
 
+def number(value) -> bool:
+    """A metric's value compare can show: a number (an infinity too), not a bool, not NaN."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def unusable_values(runs: list[RunRecord]) -> list[str]:
+    """One line per recorded value that compare cannot use and leaves out: a metric's value or standard error
+    that is not a number (a string, a bool, NaN, a list...). ``null`` is "no value", recorded as such."""
+    lines = []
+    for run in runs:
+        if run.bench is not None:
+            continue
+        for name, metric in run.metrics.items():
+            for what, value in (("value", metric.value), ("stderr", metric.stderr)):
+                if value is not None and not number(value):
+                    shown = "NaN" if isinstance(value, float) else repr(value)[:80]
+                    left_out = "left out of its row" if what == "value" else "its ± left out"
+                    lines.append(f"{run.path}: metric '{name}' has the {what} {shown}, not a number; {left_out}")
+        for name, grid in run.grids.items():
+            data = grid.to_dict() if hasattr(grid, "to_dict") else grid
+            if not isinstance(data, dict):
+                continue
+            if grid_values(data) is None:
+                lines.append(f"{run.path}: grid '{name}' does not hold one dimension per axis; left out")
+                continue
+            count, first = unusable_grid_values(data)
+            if count:
+                lines.append(f"{run.path}: grid '{name}' has {count} value(s) that are not numbers (first: "
+                             f"{repr(first)[:80] if first == first else 'NaN'}); left out, as missing")
+    return lines
+
+
+def incomplete(run: RunRecord, name: str) -> bool:
+    """The run recorded ``name`` as incomplete: its evaluation's entry of that name says ``"complete": false``
+    (a SCROLLS score over fewer than the seven data sets, docs/tasks.md)."""
+    info = run.evaluation.get(name)
+    return isinstance(info, dict) and info.get("complete") is False
+
+
+def incomplete_note(runs: list[RunRecord], columns: list[str]) -> str | None:
+    """The line under a table that has incomplete values: what they are."""
+    parts = []
+    for name in columns:
+        marked = [r for r in runs if name in r.metrics and incomplete(r, name)]
+        if marked:
+            covered = sorted({str(d) for r in marked for d in (r.evaluation[name].get("datasets") or [])
+                              if isinstance(r.evaluation[name].get("datasets"), list)})
+            parts.append(f"{name} of {len(marked)} run(s)" + (f" (over {', '.join(covered)} only)" if covered else ""))
+    if not parts:
+        return None
+    return (f"incomplete: {'; '.join(parts)}: the run recorded the value as incomplete (the mean over part of "
+            f"what it covers), not comparable to a complete one")
+
+
 def metric_cell(runs: list[RunRecord], name: str) -> Cell:
-    """One cell from the runs of a row: one run as it is, several as the mean with a 95% interval."""
-    metrics = [m for m in (run.metrics.get(name) for run in runs) if m is not None]
+    """One cell from the runs of a row: one run as it is, several as the mean with a 95% interval. A cell that
+    pools fewer of the row's runs than the row has (a run without the metric, or with a value that is not a
+    number) says how many of them (``1 of 2 seeds``); a value a run recorded as incomplete is flagged."""
+    measured = [(run, run.metrics.get(name)) for run in runs]
+    metrics = [m for _, m in measured if m is not None]
+    flags = ["incomplete"] if any(m is not None and incomplete(run, name) for run, m in measured) else []
     infinite = [m for m in metrics if isinstance(m.value, float) and math.isinf(m.value)]
     if infinite:      # beyond float range (a diverged model's perplexity): shown, never pooled or ranked
         sign = "-" if all(m.value < 0 for m in infinite) else ""
-        note = f"{sign}inf" + (f" ({len(infinite)} of {len(metrics)} seeds)" if len(infinite) < len(metrics) else "")
-        return Cell(None, n=infinite[0].n, note=note)
+        note = f"{sign}inf" + (f" ({len(infinite)} of {len(runs)} seeds)" if len(infinite) < len(runs) else "")
+        return Cell(None, n=infinite[0].n, note=note, flag=", ".join(flags) or None)
     finite = [(v, m) for v, m in ((num(m.value), m) for m in metrics) if v is not None]
+    if finite and len(finite) < len(runs):
+        flags.append(f"{len(finite)} of {len(runs)} seeds")
+    flag = ", ".join(flags) or None
     if len(finite) <= 1:
         value, m = finite[0] if finite else (None, metrics[0] if metrics else None)
         return Cell(value, num(m.stderr) if value is not None else None, m.n if m is not None else None,
-                    values=[value] if value is not None else [])
+                    values=[value] if value is not None else [], flag=flag)
     values = [v for v, _ in finite]
     interval = seed_interval(values)
     return Cell(interval.mean, None, finite[0][1].n, half_width=interval.half_width, seeds=interval.n,
-                values=values)
+                values=values, flag=flag)
 
 
 def _train_s(runs: list[RunRecord]) -> float | None:

@@ -1,9 +1,12 @@
-"""Terminal tables (rich) that stay readable at any width.
+"""Terminal tables (rich) that stay readable at any width, and never cut a number, a header or a name.
 
 A table is drawn whole when it fits the console. When it does not (a pipe or an 80-column terminal and a
-task with many metrics), it is drawn transposed (metrics as rows, encodings as columns) if that fits, else
-split into several tables of as many metric columns as fit, each repeating the encoding column. Column
-headers and row labels are never cut: every metric's and every encoding's name stays whole.
+task with many metrics), it is drawn transposed (metrics as rows, encodings as columns) if that fits, else whole
+with its row labels wrapped (a long label, such as the settings that set a row apart, takes several lines), else
+split into several tables of as many metric columns as fit, each repeating the encoding column. The paired
+differences likewise: whole, then without the "paired over" column (said once under the table), then with the
+labels wrapped. Where no table fits (a very narrow console), every value is a line of its own. Column headers,
+numbers and row labels are never cut: every metric's and every encoding's name stays whole.
 """
 
 from __future__ import annotations
@@ -27,17 +30,37 @@ def natural_width(renderable: RenderableType) -> int:
     return Measurement.get(console, console.options, renderable).maximum
 
 
+def least_width(table: Table) -> int:
+    """The narrowest ``table`` is drawn without cutting anything: every column as wide as its widest cell, but
+    the first (the row labels, which wrap between words) only as wide as its longest word."""
+    console = Console(width=100_000)
+    first = table.columns[0]
+    if first.no_wrap:
+        return natural_width(table)
+    sizes = [Measurement.get(console, console.options, cell) for cell in [first.header, *first.cells]]
+    return natural_width(table) - max(m.maximum for m in sizes) + max(m.minimum for m in sizes)
+
+
 def fits(renderable: RenderableType, width: int) -> bool:
     return natural_width(renderable) <= width
+
+
+def fits_wrapped(table: Table, width: int) -> bool:
+    """``table`` fits ``width`` with its row labels wrapped where they must."""
+    return least_width(table) <= width
 
 
 def grid(headers: Sequence[str], rows: Iterable[Sequence[Text | str]], right_from: int = 1,
          wrap: bool = False) -> Table:
     """A rich table: first column left-aligned, the others right-aligned from ``right_from`` on. Its title is
-    printed above it as a line of its own (``render``), so that a long title wraps at the console's width."""
+    printed above it as a line of its own (``render``), so that a long title wraps at the console's width. Only
+    the first column (the row labels) may wrap, between words (a word longer than the column folds onto the
+    next line, whole): a number or a header is never wrapped, nor cut, as long as the table is drawn at
+    ``least_width`` or wider (``render`` sees to it)."""
     table = Table()
     for i, name in enumerate(headers):
-        table.add_column(Text(name), justify="right" if i >= right_from else "left", no_wrap=not wrap)
+        table.add_column(Text(name), justify="right" if i >= right_from else "left", no_wrap=not (wrap or i == 0),
+                         overflow="fold" if i == 0 else "ellipsis")
     for row in rows:
         table.add_row(*[c if isinstance(c, Text) else Text(str(c)) for c in row])
     return table
@@ -70,54 +93,116 @@ def transposed(table: TaskTable) -> Table:
     return grid(headers, rows)
 
 
-def split(table: TaskTable, width: int) -> list[tuple[str, Table]]:
-    """Consecutive metric columns, as many per table as fit ``width`` (at least one)."""
+def split(table: TaskTable, width: int, fit=fits) -> list[tuple[str, Table]] | None:
+    """Consecutive metric columns, as many per table as ``fit`` ``width``; None when one column alone does not."""
     chunks: list[list[str]] = []
     current: list[str] = []
     for name in table.columns:
         trial = current + [name]
-        if current and not fits(wide(table, trial, extras=False), width):
+        if current and not fit(wide(table, trial, extras=False), width):
             chunks.append(current)
             trial = [name]
         current = trial
     if current:
         chunks.append(current)
-    if chunks and not fits(wide(table, chunks[-1]), width):
+    if chunks and not fit(wide(table, chunks[-1]), width):
         chunks.append([])                          # seeds and training time in a table of their own
     out = []
     for i, chunk in enumerate(chunks):
         title = _title(table) + (f"  [{i + 1}/{len(chunks)}]" if len(chunks) > 1 else "")
         out.append((title, wide(table, chunk, extras=i == len(chunks) - 1)))
-    return out
+    return out if all(fit(t, width) for _, t in out) else None
 
 
-def metric_tables(table: TaskTable, width: int) -> list[tuple[str, Table]]:
+def metric_tables(table: TaskTable, width: int) -> list[tuple[str, Table]] | None:
+    """The table, or the tables it splits into, that fit ``width`` without cutting anything; None if none do."""
     full = wide(table)
     if fits(full, width):
         return [(_title(table), full)]
     flipped = transposed(table)
     if len(table.rows) <= len(table.columns) and fits(flipped, width):
         return [(_title(table), flipped)]
-    return split(table, width)
+    if fits_wrapped(full, width):
+        return [(_title(table), full)]
+    return split(table, width) or split(table, width, fits_wrapped)
 
 
-def difference_table(table: TaskTable, width: int) -> tuple[Table, list[str]]:
+def metric_lines(table: TaskTable) -> list[RenderableType]:
+    """Where no table fits: each row's label, then one line per value (lines wrap, nothing is cut)."""
+    out: list[RenderableType] = [Text(_title(table), style="bold")]
+    names = [column_header(table, c) for c in table.columns] + extra_columns(table)
+    for row in table.rows:
+        out.append(Text(row.label))
+        values = [_cell(table, row, c) for c in table.columns] + [Text(t) for t in extra_cells(table, row)]
+        out += [Text.assemble(f"  {name}: ", value) for name, value in zip(names, values)]
+    return out
+
+
+def difference_table(table: TaskTable, width: int) -> tuple[Table, list[str]] | None:
+    """The paired differences as one table that fits ``width`` without cutting anything (and the lines to print
+    under it), or None if none does."""
     rows = [difference_cells(d) for d in table.differences]
     headers = [h or "verdict" for h in DIFFERENCE_HEADER]
     full = grid(headers, rows, right_from=2)
-    if fits(full, width):
-        return full, []
-    bases = sorted({r[-1] for r in rows})
-    return grid(headers[:-1], [r[:-1] for r in rows], right_from=2), [f"paired over: {'; '.join(bases)}"]
+    short = grid(headers[:-1], [r[:-1] for r in rows], right_from=2)
+    for fit in (fits, fits_wrapped):
+        if fit(full, width):
+            return full, []
+        if fit(short, width):
+            return short, [_bases(rows)]
+    return None
+
+
+def _bases(rows: list[list[str]]) -> str:
+    return f"paired over: {'; '.join(sorted({r[-1] for r in rows}))}"
+
+
+def difference_blocks(table: TaskTable, width: int) -> list[RenderableType] | None:
+    """The paired differences as one table per row label (the label a line above it), or None if they do not
+    fit ``width``."""
+    headers = [h or "verdict" for h in DIFFERENCE_HEADER][1:-1]
+    rows = [difference_cells(d) for d in table.differences]
+    labels = list(dict.fromkeys(r[0] for r in rows))
+    blocks = [(label, grid(headers, [r[1:-1] for r in rows if r[0] == label])) for label in labels]
+    if not all(fits(block, width) for _, block in blocks):
+        return None
+    out: list[RenderableType] = []
+    for label, block in blocks:
+        out += [Text(label), block]
+    return out + [Text(_bases(rows), style="dim")]
+
+
+def difference_lines(table: TaskTable) -> list[RenderableType]:
+    """Where no table of the differences fits: each row's label, then one line per metric (lines wrap, nothing
+    is cut)."""
+    out: list[RenderableType] = []
+    last = None
+    for d in table.differences:
+        label, metric, estimate, interval, p, verdict, basis = difference_cells(d)
+        if label != last:
+            out.append(Text(label))
+            last = label
+        out.append(Text(f"  {metric}: {estimate} {interval}, p {p}" + (f", {verdict}" if verdict != "-" else "") +
+                        f"; paired over {basis}"))
+    return out
 
 
 def render(table: TaskTable, width: int) -> list[RenderableType]:
     """Everything the terminal shows for one table: title and table(s), notes, paired differences."""
     out: list[RenderableType] = []
-    for title, rt in metric_tables(table, width):
-        out += [Text(title, style="bold"), rt]
+    tables = metric_tables(table, width)
+    if tables is None:
+        out += metric_lines(table)
+    else:
+        for title, rt in tables:
+            out += [Text(title, style="bold"), rt]
     out += [Text(note, style="dim") for note in table.notes]
     if table.differences:
-        diff, notes = difference_table(table, width)
-        out += [Text(difference_title(table), style="bold"), diff] + [Text(n, style="dim") for n in notes]
+        out.append(Text(difference_title(table), style="bold"))
+        drawn = difference_table(table, width)
+        if drawn is not None:
+            diff, notes = drawn
+            out += [diff] + [Text(n, style="dim") for n in notes]
+        else:
+            out += difference_blocks(table, width) or difference_lines(table)
     return out

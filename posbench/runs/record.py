@@ -41,7 +41,7 @@ from typing import Any
 
 from posbench.errors import UserError
 from posbench.evaluation.outcome import Grid, Metric
-from posbench.files import atomic_write_json, read_json
+from posbench.files import MAX_RESULT_BYTES, atomic_write_json, read_json
 from posbench.runs.config import RunConfig
 
 SCHEMA_VERSION = 2
@@ -159,18 +159,23 @@ def write_record(run_dir: Path, record: RunRecord) -> Path:
 
 # ---- reading ---------------------------------------------------------------------------------------------
 
-def load_record(path: Path | str) -> RunRecord:
-    """Read and check one ``result.json`` (or a run directory holding one), of any readable schema version."""
+def load_record(path: Path | str, *, with_settings: bool = False) -> RunRecord:
+    """Read and check one ``result.json`` (or a run directory holding one), of any readable schema version; one
+    of more than ``MAX_RESULT_BYTES`` is not read past them. ``with_settings``: a record without its ``config``
+    object (every posbench writes one) is refused, as ``compare`` cannot tell which runs it pools with."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULT_FILE
     data = read_json(path, missing="{path} does not exist", unreadable="{path}: not valid JSON ({reason})",
-                     error=ResultError)
+                     error=ResultError, limit=MAX_RESULT_BYTES)
     if not isinstance(data, dict):
         raise ResultError(f"{path}: not a JSON object")
     missing = [k for k in REQUIRED_KEYS if k not in data]
     if missing:
         raise ResultError(f"{path}: missing {', '.join(missing)}")
+    if with_settings and not (isinstance(data.get("config"), dict) and data["config"]):
+        raise ResultError(f"{path}: no 'config' object (the run's settings), so compare cannot tell which runs it "
+                          f"pools with or what sets it apart")
     version = data.get("schema_version", 1)
     if not isinstance(version, int) or version not in READABLE_VERSIONS:
         raise ResultError(f"{path}: schema_version {version!r} is not one this posbench reads "

@@ -209,9 +209,10 @@ def scan_runs(root: Path) -> tuple[list[RunRecord], list[Problem]]:
             problems.append(Problem(result.parent, f"{RESULT_FILE} is not a regular file"))
             continue
         try:
-            records.append(load_record(result))
+            records.append(load_record(result, with_settings=True))
         except ResultError as exc:
-            problems.append(Problem(result.parent, str(exc).replace(f"{result}: ", "")))
+            problems.append(Problem(result.parent, str(exc).replace(f"{result}: ", "")
+                                    .replace(f"{result} ", f"{RESULT_FILE} ")))
     for stray in sorted(root.rglob(f".{RESULT_FILE}.*.tmp")):
         if stray.parent not in seen:
             seen.add(stray.parent)

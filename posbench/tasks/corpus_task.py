@@ -235,12 +235,12 @@ class CorpusTask(TokenizerMixin, Task):
 
     def train_stream(self) -> IndexedStream:
         stream = chunk_stream(self.config.seed, self.train_tokens(), self.train_length)
-        return StartTokenStream(stream, self.tokenizer.bos_id) if self.opts["start_token"] else stream
+        return StartTokenStream(stream, self.tokenizer.bos_id) if self.start_token is not None else stream
 
     @property
     def start_token(self) -> int | None:
-        """The token every window starts with (``task.start_token``), or None."""
-        return self.tokenizer.bos_id if self.opts["start_token"] else None
+        """The token every window starts with (``task.start_token``; a task that does not declare it: none)."""
+        return self.tokenizer.bos_id if self.opts.get("start_token") else None
 
     def data_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"source": self.corpus.spec, "source_info": self.corpus.describe(),

@@ -44,7 +44,8 @@ class TrainConfig:
     precision: str = option("auto", "auto (bf16 autocast on CUDA, fp32 elsewhere), fp32 or bf16", OneOf(PRECISIONS))
     compile: Any = option("auto", "torch.compile: auto (on for CUDA, off elsewhere), true or false", Switch())
     parallel: str = option("ddp", "several processes: ddp (replicas) or fsdp (FSDP2 shards)", OneOf(PARALLEL_MODES))
-    threads: int = option(0, "CPU threads (0: the free cores)", at_least(0))
+    threads: int = option(0, "CPU threads (0: the cores the process may run on, shared among torchrun's ranks)",
+                          at_least(0))
     checkpointing: bool = option(False, "recompute each block's activations in the backward pass (less memory)")
 
     def __post_init__(self):

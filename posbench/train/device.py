@@ -49,9 +49,8 @@ def _mps_available() -> bool:
 def setup_device(device: torch.device, threads: int = 0) -> int:
     """CPU: flush denormals (they slow softmax gradients 3-7x) and pick the thread count; returns it.
 
-    ``threads=0`` (auto) uses the cores this process may run on that are not already busy (1-minute load
-    average), shared among the processes torchrun started on this machine: on a shared machine, more
-    threads than free cores make every step several times slower (threads spin-wait for each other).
+    ``threads=0`` (auto): ``auto_threads()``, the cores this process may run on, shared among the processes
+    posbench started on this machine; any other number is used as it is.
     """
     if device.type == "cpu":
         torch.set_flush_denormal(True)
@@ -91,16 +90,23 @@ def keep_freed_memory() -> bool:
 
 
 def auto_threads() -> int:
+    """The cores this process may run on (its CPU affinity: what ``taskset``, a container's cpuset, SLURM or a
+    sweep's slot gives it), shared among the processes posbench itself started on this machine: torchrun's ranks
+    here (``LOCAL_WORLD_SIZE``). A sweep that runs several CPU cells at once pins each to its share of the cores
+    and passes ``train.threads`` itself.
+
+    Not the load average: it counts the past minute, not what runs now, and it counts posbench's own work (a
+    previous run, ``pip install``): on a quiet 2-core machine it was about 1 right after any command, and the
+    run took one thread (a step 1.8x slower than with two)."""
     try:
         cores = len(os.sched_getaffinity(0))
-    except AttributeError:
+    except AttributeError:                      # no affinity (macOS, Windows): every core
         cores = os.cpu_count() or 1
     try:
-        busy = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        busy = 0.0
-    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    return max(1, min(cores, int(round(cores - busy))) // local)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    except ValueError:
+        local = 1
+    return max(1, cores // max(1, local))
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

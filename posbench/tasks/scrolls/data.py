@@ -14,7 +14,8 @@ Where the data is (``--data``, resolved by :func:`resolve_data`):
   <dataset>.zip``), streamed: only the member asked for is read, and only as far as needed;
 * a directory ``DIR`` with ``DIR/<dataset>/{train,validation}.jsonl`` (``.json`` and compressed variants work
   too) or with the hub's own archives ``DIR/<dataset>.zip`` (``hf download tau/scrolls --repo-type dataset
-  --local-dir DIR``).
+  --local-dir DIR``). With ``task.datasets=all`` (the default) a directory that holds only some of the seven
+  runs those (the task names the others in one line); a data set named in ``task.datasets`` must be there.
 
 Reading stops at the budget (``limit`` examples: ``task.max_train_examples`` / ``max_eval_examples``), so
 NarrativeQA's 8 GB archive is not read whole for 50 examples; a held-out split is still scanned to its end
@@ -163,6 +164,10 @@ class ScrollsData:
                 raise DataError(f"{archive} has no {split}.jsonl; {WHAT_TO_PASS}")
             return f"zip://{member}::{archive.resolve()}"
         raise DataError(f"{self.root} has no {dataset}/ folder (nor {dataset}.zip); {WHAT_TO_PASS}")
+
+    def holds(self, dataset: str) -> bool:
+        """Whether the data set is there at all: the hub holds every one; a directory its folder or archive."""
+        return self.kind == "hub" or (self.root / dataset).is_dir() or (self.root / f"{dataset}.zip").is_file()
 
     def check(self, datasets: list[str], splits: tuple[str, ...] = ("train", "validation")) -> None:
         """Every file is there before anything runs (the hub: not offline)."""

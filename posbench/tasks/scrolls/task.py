@@ -3,7 +3,9 @@ metric; the SCROLLS score is the mean of the seven data-set scores.
 
 Data (``posbench.tasks.scrolls.data``): ``--data DIR`` with ``DIR/<dataset>/{train,validation}.jsonl`` or,
 with a network, the hub's ``tau/scrolls``; duplicate ids merged into a list of references; query tasks
-split at the first blank line. ``--datasets a,b`` picks a subset (default: all seven).
+split at the first blank line. ``--datasets a,b`` picks a subset (default ``all``: all seven, or, from a local
+``--data DIR`` that holds only some of them, those it holds; one line names the others, and the result records
+them as ``data.datasets_missing``: the SCROLLS score of fewer than seven is marked incomplete).
 
 Per data set, as in the TAPE paper: the model from ``--init RUN_DIR`` (or a fresh one) is fine-tuned for
 ``train.steps`` steps (``--steps``) on the train split with the loss on the answer tokens and EOS only, as one
@@ -74,7 +76,8 @@ class Scrolls(TokenizerMixin, Task):
     name = "scrolls"
     description = "SCROLLS: per-dataset fine-tuning, greedy generation, official metrics (paper Table 1)"
     OPTIONS = {
-        "datasets": Option("all", "comma-separated subset of the seven data sets, or all"),
+        "datasets": Option("all", "comma-separated subset of the seven data sets, or all (from a --data folder: "
+                                  "those it holds)"),
         "data": Option("", "DIR with DIR/<dataset>/{train,validation}.jsonl (empty: the hub's tau/scrolls)"),
         "tokenizer": Option("byte", "byte or a Hugging Face name/path (with --init: the init run's tokenizer)"),
         "max_input_tokens": Option(0, "longest prompt in tokens; the document is truncated to fit (0: "
@@ -92,13 +95,35 @@ class Scrolls(TokenizerMixin, Task):
     def __init__(self, config):
         super().__init__(config)
         self.datasets = sd.parse_datasets(self.opts["datasets"])
+        self.missing: list[str] = []            # all seven asked for, but the --data folder lacks these
         self._hashes: dict[str, str] = {}
 
     def validate(self) -> None:
-        sd.resolve_data(self.data_arg).check(self.datasets)   # every file is there before anything runs
+        where = sd.resolve_data(self.data_arg)
+        if str(self.opts["datasets"]).strip() == "all" and where.kind == "local":
+            present = [d for d in sd.DATASETS if where.holds(d)]
+            if not present:
+                raise DataError(f"{where.root} holds none of the SCROLLS data sets ({', '.join(sd.DATASETS)}); "
+                                f"{sd.WHAT_TO_PASS}")
+            self.datasets, self.missing = present, [d for d in sd.DATASETS if d not in present]
+            if self.missing:
+                self._say(f"note: {where.root} holds {len(present)} of the 7 SCROLLS data sets: running "
+                          f"{', '.join(present)}; not there: {', '.join(self.missing)} (the SCROLLS score of fewer "
+                          f"than 7 is incomplete)")
+        where.check(self.datasets)                             # every file is there before anything runs
         self.gen_limits = self._gen_limits()
         if self.max_input_tokens < 8:
             raise ConfigError(f"task.max_input_tokens must be >= 8, got {self.max_input_tokens}")
+
+    @staticmethod
+    def _say(line: str) -> None:
+        """One line on stderr, from the main process only."""
+        import sys
+
+        from posbench.train import distributed
+
+        if distributed.current().is_main:
+            print(line, file=sys.stderr)
 
     def _resolve_tokenizer(self):
         if self.source is None and self.opts["tokenizer"].startswith("bpe"):
@@ -142,6 +167,7 @@ class Scrolls(TokenizerMixin, Task):
 
     def data_info(self) -> dict[str, Any]:
         info = {"source": sd.source_description(self.data_arg), "datasets": self.datasets,
+                **({"datasets_missing": self.missing} if self.missing else {}),
                 "splits": {"train": "train", "eval": "validation"},
                 "max_input_tokens": self.max_input_tokens, "truncation_side": self.opts["truncation_side"],
                 "truncated_part": "document only (the question and the prompt suffix are kept)",
