@@ -74,7 +74,9 @@ class ChangesError(Exception):
 def differences(runs: Path, baseline: str) -> dict[tuple[str, str, str], dict]:
     """(task, row label, metric) -> compare's paired difference to ``baseline`` (its verdict, value, interval,
     seeds), from ``posbench compare RUNS --against BASELINE --format json`` in a fresh process."""
-    proc = subprocess.run([sys.executable, "-m", "posbench", "compare", str(runs), "--against", baseline,
+    # -P: the working directory off the module path (with -m alone Python puts it first: a posbench/ or an
+    # fcntl.py there would be imported instead of the real one)
+    proc = subprocess.run([sys.executable, "-P", "-m", "posbench", "compare", str(runs), "--against", baseline,
                            "--format", "json"], capture_output=True, text=True)
     if proc.returncode != 0:
         said_last = next((line for line in reversed((proc.stderr or proc.stdout).splitlines()) if line.strip()), "")

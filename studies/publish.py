@@ -28,20 +28,32 @@ rewritten from tables.md. It may also hold whole copies of plateau.md and cost.m
 ``<!-- plateau.md -->`` (or ``<!-- cost.md -->``) and ``<!-- /plateau.md -->``, rewritten likewise. A rerun copies the cells finished since and rewrites all of these, each file
 atomically. tests/test_study_tables.py checks that a committed tables.md is what compare prints over the
 committed runs, and that the page's quotes are tables.md's, so a page cannot drift from its data.
+
+Only what is inside the sweep is copied, and only inside the page is written: a cell folder, a run folder or a
+result file of the sweep that is a symbolic link is skipped, with a line saying so; a page whose ``runs/`` (or
+anything in it) or ``figures/`` is a symbolic link is refused before anything is written. A copy's mode is
+never wider than its original's (nor than the usual mode of a new file). A cell whose result.json or
+predictions are larger than compare reads (``LIMITS``) is skipped with a line. compare runs as ``python -P -m
+posbench``: the working directory is not on its module path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import os
 import re
-import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+import zlib
 from pathlib import Path
 
-from posbench.errors import UserError
-from posbench.files import atomic_save, atomic_write_text, read_unzipped
+from posbench import files as posbench_files
+from posbench.errors import UserError, os_error
+from posbench.files import atomic_write_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cost  # noqa: E402  (studies/cost.py, a script beside this one)
@@ -55,56 +67,190 @@ COPIED = ("result.json", "predictions.jsonl")
 GZIP_ABOVE = 256 * 1024
 
 
+#: the most publish (and restore.py) reads of a result file, as compare (``posbench.files``): a gzipped file
+#: counts what it inflates to; a cell with a larger one is skipped, with a line saying so
+LIMITS = {"result.json": getattr(posbench_files, "MAX_RESULT_BYTES", 64 * 2**20),
+          "predictions.jsonl": getattr(posbench_files, "MAX_PREDICTIONS_BYTES", 256 * 2**20)}
+
+
 class PublishError(Exception):
     """Something the user can fix; ``str()`` is one line."""
 
 
-def finished_runs(sweep: Path) -> dict[str, Path]:
-    """Cell id -> the run directory that holds its result.json, for every finished cell of a sweep."""
+def size_text(n: int) -> str:
+    return f"{n / 2**20:g} MB" if n >= 2**20 else f"{n:,} bytes"
+
+
+def too_large(path: Path) -> str:
+    """Why ``path`` is past its bound (``LIMITS``, by its name without ``.gz``), or "" when it is not; a gzipped
+    file is inflated in chunks, never whole, to find out."""
+    gzipped = path.name.endswith(".gz")
+    limit = LIMITS[path.name.removesuffix(".gz")]
+    if not gzipped:
+        size = path.stat().st_size
+    else:
+        size = 0
+        with gzip.open(path, "rb") as fh:
+            while size <= limit and (block := fh.read(1 << 20)):
+                size += len(block)
+    return f"{path} {'inflates to' if gzipped else 'is'} more than {size_text(limit)}" if size > limit else ""
+
+
+def read_limited(path: Path) -> bytes:
+    """The bytes of ``path`` (what it inflates to, for ``.gz``), at most its bound: PublishError past it."""
+    limit = LIMITS[path.name.removesuffix(".gz")]
+    with (gzip.open if path.name.endswith(".gz") else open)(path, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise PublishError(f"{path} {'inflates to' if path.name.endswith('.gz') else 'is'} more than "
+                           f"{size_text(limit)}, the most publish reads of it")
+    return data
+
+
+def finished_runs(sweep: Path, skipped: list[str] | None = None) -> dict[str, Path]:
+    """Cell id -> the run directory that holds its result.json, for every finished cell of a sweep. A cell folder,
+    a folder in it, or a result file that is a symbolic link is not followed: the cell is skipped, and a line
+    saying so is added to ``skipped``."""
     cells = sweep / "cells"
     if not cells.is_dir():
         raise PublishError(f"{sweep} is not the output of posbench sweep (no cells/ folder)")
+    skipped = [] if skipped is None else skipped
     runs = {}
     for cell in sorted(p for p in cells.iterdir() if p.is_dir()):
-        results = sorted(cell.rglob("result.json"))
+        if cell.is_symlink():
+            skipped.append(f"skipped cell {cell.name}: its folder is a symbolic link ({cell} -> "
+                           f"{os.readlink(cell)}); publish copies only what is inside the sweep")
+            continue
+        results, links = [], []
+        for folder, dirs, names in os.walk(cell):           # links are listed, never followed
+            here = Path(folder)
+            links += [here / d for d in dirs if (here / d).is_symlink()]
+            if "result.json" in names:
+                results.append(here / "result.json")
+        links += [run / name for run in (r.parent for r in results) for name in (*COPIED, COPIED[1] + ".gz")
+                  if (run / name).is_symlink()]
+        if links:
+            skipped.append(f"skipped cell {cell.name}: {links[0].relative_to(cells)} is a symbolic link "
+                           f"(-> {os.readlink(links[0])}); publish copies only what is inside the sweep")
+            continue
         if len(results) > 1:
             raise PublishError(f"cell {cell.name} holds {len(results)} finished runs; keep one")
+        large = [why for why in (too_large(r.parent / name) for r in results for name in COPIED
+                                 if (r.parent / name).is_file()) if why]
+        if large:
+            skipped.append(f"skipped cell {cell.name}: {large[0]}, the most publish reads of it")
+            continue
         if results:
             runs[cell.name] = results[0].parent
     return runs
 
 
+def no_links_in_page(page: Path) -> None:
+    """Refuse a page whose ``runs/`` or ``figures/`` (or anything in ``runs/``) is a symbolic link: publish and
+    compare would write or read through it, outside the page."""
+    for place in (page / RUNS, page / FIGURES):
+        if place.is_symlink():
+            raise PublishError(f"{place} is a symbolic link (-> {os.readlink(place)}); a page holds its own files: "
+                               f"remove the link, or give another page folder")
+    if (page / RUNS).is_dir():
+        for folder, dirs, names in os.walk(page / RUNS):
+            for name in [*dirs, *names]:
+                if (Path(folder) / name).is_symlink():
+                    link = Path(folder) / name
+                    raise PublishError(f"{link} is a symbolic link (-> {os.readlink(link)}); a page holds its own "
+                                       f"files: remove the link")
+
+
+def read_copied(path: Path) -> tuple[bytes, int]:
+    """The bytes of a file to copy and the mode to give its copy: never wider than the original's, nor than a new
+    file's usual mode. Opened without following a link (a link is refused), a regular file only."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise PublishError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise PublishError(f"{path} is not a regular file")
+        data = fh.read(LIMITS[path.name] + 1)
+        if len(data) > LIMITS[path.name]:
+            raise PublishError(f"{path} is more than {size_text(LIMITS[path.name])}, the most publish reads of it")
+        return data, stat.S_IMODE(st.st_mode) & 0o666 & ~UMASK
+
+
+def save(path: Path, data: bytes, mode: int) -> None:
+    """``data`` to ``path`` atomically (a temporary file beside it, then a rename), created with ``mode``: the copy
+    is never, even for a moment, readable by more than its original."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)     # mode 0600
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise os_error(OSError(exc.errno, exc.strerror, str(path)), "write") from None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _umask()
+
+
 def copy_runs(runs: dict[str, Path], page: Path) -> int:
     """Copy each run's result files to PAGE/runs/<cell id>/ (predictions over ``GZIP_ABOVE`` bytes gzipped);
     returns how many cells were new or changed."""
+    no_links_in_page(page)
     changed = 0
     for cell, run in runs.items():
         target = page / RUNS / cell
-        files = [run / name for name in COPIED if (run / name).is_file()]
-        if all(published(target, f) == f.read_bytes() for f in files):
+        copied = {run / name: read_copied(run / name) for name in COPIED if (run / name).is_file()}
+        if all(published(target, f) == data for f, (data, _) in copied.items()):
             continue
         target.mkdir(parents=True, exist_ok=True)
-        for f in files:
-            if f.name != "result.json" and f.stat().st_size > GZIP_ABOVE:
-                data = gzip.compress(f.read_bytes(), compresslevel=9, mtime=0)    # the same bytes every time
-                atomic_save(target / (f.name + ".gz"), lambda tmp, data=data: Path(tmp).write_bytes(data))
+        for f, (data, mode) in copied.items():
+            if f.name != "result.json" and len(data) > GZIP_ABOVE:
+                save(target / (f.name + ".gz"), gzip.compress(data, compresslevel=9, mtime=0), mode)   # same bytes
                 (target / f.name).unlink(missing_ok=True)          # never two forms (readers take the plain)
             else:
-                atomic_save(target / f.name, lambda tmp, f=f: shutil.copyfile(f, tmp))
+                save(target / f.name, data, mode)
                 (target / (f.name + ".gz")).unlink(missing_ok=True)
         changed += 1
     return changed
 
 
 def published(target: Path, source: Path) -> bytes | None:
-    """The bytes published for ``source`` in ``target`` (decompressed when kept gzipped), or None."""
-    return read_unzipped(target / source.name)
+    """The bytes published for ``source`` in ``target`` (decompressed when kept gzipped), or None (also for a
+    link, which is then replaced by the file)."""
+    for path in (target / source.name, target / (source.name + ".gz")):
+        if path.is_symlink():
+            return None
+        if path.is_file():
+            try:
+                return read_limited(path)
+            except (PublishError, OSError, EOFError, zlib.error):    # past its bound, or a broken .gz: rewritten
+                return None
+    return None
+
+
+#: how compare is started: ``-P`` keeps the working directory off the module path (with ``-m`` alone Python puts
+#: it first, and a ``posbench/`` or an ``fcntl.py`` there would be imported instead of the real one)
+POSBENCH = [sys.executable, "-P", "-m", "posbench"]
 
 
 def compare(runs: Path, *options: str) -> str:
     """``posbench compare RUNS OPTIONS`` in a fresh process; its standard output."""
-    proc = subprocess.run([sys.executable, "-m", "posbench", "compare", str(runs), *options],
-                          capture_output=True, text=True)
+    proc = subprocess.run([*POSBENCH, "compare", str(runs), *options], capture_output=True, text=True)
     if proc.returncode != 0:
         raise PublishError(f"posbench compare {runs} failed: {(proc.stderr or proc.stdout).strip()}")
     return proc.stdout
@@ -191,6 +337,7 @@ def refresh_copy(page_text: str, name: str, text: str) -> str:
 
 
 def write_page(page: Path, text_page: Path | None = None) -> None:
+    no_links_in_page(page)
     atomic_write_text(page / TABLES, tables(page / RUNS))
     atomic_write_text(page / PLATEAU, plateaus(page / RUNS))
     atomic_write_text(page / COST, cost.cost(page / RUNS))
@@ -212,7 +359,10 @@ def main(argv: list[str]) -> int:
     sweep, page = Path(argv[0]), Path(argv[1])
     text_page = Path(argv[2]) if len(argv) == 3 else None
     try:
-        runs = finished_runs(sweep)
+        skipped: list[str] = []
+        runs = finished_runs(sweep, skipped)
+        for line in skipped:
+            print(line, file=sys.stderr)
         if not runs and not (page / RUNS).is_dir():
             raise PublishError(f"no cell of {sweep} has finished yet")
         changed = copy_runs(runs, page)

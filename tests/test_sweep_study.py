@@ -187,9 +187,9 @@ def test_a_cell_of_several_gpus_runs_under_torchrun_and_asks_slurm_for_them(tmp_
             "expected_s": 600.0}
     action, argv = command_for(spec, tmp_path / "cell")
     assert action == "start"
-    assert argv == ["py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "-m", "posbench",
-                    "run", "-e", "rope", "--out", str(tmp_path / "cell")]
-    assert command_for({**spec, "gpus": 1}, tmp_path / "cell")[1][:4] == ["py", "-m", "posbench", "run"]
+    assert argv == ["py", "-P", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "-m",
+                    "posbench", "run", "-e", "rope", "--out", str(tmp_path / "cell")]
+    assert command_for({**spec, "gpus": 1}, tmp_path / "cell")[1][:5] == ["py", "-P", "-m", "posbench", "run"]
     params = job_parameters(SlurmOptions(partition="gpu", gpus_per_cell=4, cpus_per_cell=16, account="lab"), spec)
     assert params == {"job_name": "posbench:arithmetic-rope-tiny-s0", "time": 2 * 10 + 15, "nodes": 1,
                       "ntasks_per_node": 1, "cpus_per_task": 16, "stderr_to_stdout": True, "partition": "gpu",

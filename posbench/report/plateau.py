@@ -112,3 +112,16 @@ def plateau_table(records: dict[str, dict[str, Any]]) -> str:
         lines.append(f"| {cell} | {found.steps} | {found.earlier:.4f} | {found.last:.4f} | {found.drop:+.4f} | "
                      f"{verdict} |")
     return "\n".join(lines) + "\n"
+
+
+def still_improving(training: dict[str, Any]) -> bool:
+    """Whether a run had not stopped improving when its training ended, by the rule of the module docstring (the
+    probe's when the run has one, else the training loss's); False where the rule cannot say (too few logged steps
+    or probes, no training, a diverged loss)."""
+    history = training.get("probe_history") or []
+    name = next(iter(history[0][1]), None) if history and isinstance(history[0][1], dict) else None
+    try:
+        found = probe_plateau(history, name) if name else plateau(training.get("loss_history") or [])
+    except (TypeError, ValueError, IndexError, KeyError):        # a history not in the shape posbench writes
+        return False
+    return found is not None and not found.stopped and not found.diverged

@@ -8,6 +8,7 @@ from typing import Any
 
 from posbench.report import grouping
 from posbench.report.best import RULE, mark_best
+from posbench.report.plateau import still_improving
 from posbench.report.structure import Cell, Row, TaskTable, grid_values, num, unusable_grid_values
 from posbench.runs.record import RunRecord
 from posbench.stats import seed_interval
@@ -29,7 +30,7 @@ def build_table(task: str, runs: list[RunRecord], *, by_run: bool = False) -> Ta
                          "is equal")
         if repeated:
             notes.append(f"{repeated} repeated run(s) of a seed left out (the newest is kept; --by-run lists all)")
-    notes += [line for line in [incomplete_note(runs, columns)] if line]
+    notes += [line for line in [incomplete_note(runs, columns), improving_note(rows, primary)] if line]
     if mark_best(rows, columns, hib):
         notes.append(RULE)
     sort_rows(rows, primary, hib)
@@ -122,6 +123,27 @@ def incomplete_note(runs: list[RunRecord], columns: list[str]) -> str | None:
         return None
     return (f"incomplete: {'; '.join(parts)}: the run recorded the value as incomplete (the mean over part of "
             f"what it covers), not comparable to a complete one")
+
+
+def improving_note(rows: list[Row], primary: str | None) -> str | None:
+    """Flags the ranked value of every row with a run that had not stopped improving when its training ended
+    (``posbench.report.plateau``), and returns the line under the table that says what the flag means."""
+    if primary is None:
+        return None
+    marked = 0
+    for row in rows:
+        cell = row.cells.get(primary)
+        learning = sum(still_improving(run.training or {}) for run in row.runs)
+        if not learning or cell is None:
+            continue
+        flag = "still improving" if len(row.runs) == 1 else f"{learning} of {len(row.runs)} seeds still improving"
+        cell.flag = f"{cell.flag}, {flag}" if cell.flag else flag
+        marked += 1
+    if not marked:
+        return None
+    return (f"still improving: {marked} row(s) with a run whose training loss (or in-distribution probe) had not "
+            f"stopped improving when training ended (posbench.report.plateau's rule): a longer budget may change "
+            f"its rank")
 
 
 def metric_cell(runs: list[RunRecord], name: str) -> Cell:

@@ -12,7 +12,15 @@ It decides from the folder what to do: a run with ``result.json`` -> nothing (do
 or failed) -> ``posbench run --resume RUN_DIR``; no run -> ``posbench run`` with the cell's arguments, and
 ``--init`` the finished run of its parent cell. The run is a child process (its own threads, device and
 memory); its exit decides the state: 0 -> done, a signal or 130 (Ctrl-C) -> killed (the next sweep resumes it),
-anything else -> failed (resumed only with ``--retry-failed``).
+anything else -> failed (resumed only with ``--retry-failed``). Python starts without the working directory on
+its module path (``-P``, and ``PYTHONSAFEPATH=1`` for torchrun's workers): an ``fcntl.py`` or ``posbench/``
+where the sweep was started is never imported in place of the real one.
+
+Signals: the local executor starts this process as the leader of a process group of its own (``own_group`` in
+the spec), which the run joins; SIGTERM here then ends the whole group (the run, and anything the run started:
+torchrun's workers), and this process writes ``killed``. Such a run also holds the cell's lock (an inherited
+descriptor), so a run that outlived this process would still be seen as running by the next sweep instead of
+being resumed twice. On SLURM the run alone gets the SIGTERM (SLURM signals the job's processes itself).
 
 This module imports nothing heavy (no torch): it starts in a fraction of a second, and on SLURM before the run.
 """
@@ -34,6 +42,9 @@ from posbench.files import atomic_write_json, json_object
 
 CELL_FILE, SPEC_FILE, LOG_FILE, LOCK_FILE = "cell.json", "spec.json", "cell.log", "cell.lock"
 KILLED_CODES = {130, 137, 143}           # Ctrl-C, SIGKILL and SIGTERM as a shell reports them
+#: Python's flag (3.11) that keeps the working directory (or a script's folder) off the module path; with ``-m``
+#: Python would otherwise put the working directory first, before the standard library and posbench
+SAFE_PATH = ["-P"]
 
 
 def describe_exit(code: int | None) -> str:
@@ -101,7 +112,7 @@ def read_record(cell_dir: Path) -> dict[str, Any]:
 
 def command_for(spec: dict[str, Any], cell_dir: Path) -> tuple[str, list[str]] | tuple[str, str]:
     """("resume" | "start", argv) for the run, or ("failed", reason) when its parent has no finished run."""
-    prefix = [spec.get("python") or sys.executable]
+    prefix = [spec.get("python") or sys.executable, *SAFE_PATH]
     gpus = int(spec.get("gpus") or 0)
     if gpus > 1:
         prefix += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus)]
@@ -129,12 +140,12 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
         lock.close()
         return {"id": spec["id"], "state": "running", "note": "another process runs this cell"}
     try:
-        return _run_locked(spec, cell_dir)
+        return _run_locked(spec, cell_dir, lock.fileno())
     finally:
         lock.close()
 
 
-def _run_locked(spec: dict[str, Any], cell_dir: Path) -> dict[str, Any]:
+def _run_locked(spec: dict[str, Any], cell_dir: Path, lock_fd: int) -> dict[str, Any]:
     if spec.get("cpus") and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, spec["cpus"])          # the run (a child) inherits its cores
     record: dict[str, Any] = {"id": spec["id"], "fingerprint": spec["fingerprint"], "host": socket.gethostname(),
@@ -153,13 +164,15 @@ def _run_locked(spec: dict[str, Any], cell_dir: Path) -> dict[str, Any]:
                   f"{' (SLURM job ' + record['slurm_job'] + ')' if record['slurm_job'] else ''}: "
                   f"{' '.join(command)}\n".encode())
         log.flush()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(spec.get("env") or {})}
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        code = wait_passing_signals(child)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1", **(spec.get("env") or {})}
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                 pass_fds=(lock_fd,) if owns_group(spec) else ())   # the run holds the lock too
+        code = wait_passing_signals(child, owns_group(spec))
     run_dir = finished_run(cell_dir)
-    if code == 0 and run_dir is not None:
+    killed = code < 0 or code in KILLED_CODES
+    if run_dir is not None and (code == 0 or killed):   # killed after its last write (result.json): it finished
         state = "done"
-    elif code < 0 or code in KILLED_CODES:
+    elif killed:
         state = "killed"
     else:
         state = "failed"
@@ -168,20 +181,49 @@ def _run_locked(spec: dict[str, Any], cell_dir: Path) -> dict[str, Any]:
                             "note": "" if state == "done" else last_line(cell_dir / LOG_FILE)})
 
 
-def wait_passing_signals(child: subprocess.Popen) -> int:
-    """Wait for the run; Ctrl-C reaches it directly (same process group), so this process only waits for it to
-    stop; SIGTERM is passed on. Either way the cell's state is written after the run ends."""
-    previous = {}
+def wait_passing_signals(child: subprocess.Popen, group: bool = False) -> int:
+    """Wait for the run; Ctrl-C reaches it directly (it is in this process's group, and the sweep sends it to the
+    group), so this process only waits for it to stop. SIGTERM ends the run: with ``group`` (a local cell, which
+    leads a process group of its own) the whole group, the run and whatever it started; else the run alone (a
+    SLURM job's step, whose processes SLURM signals itself). Either way the cell's state is written after the
+    run ends, and a second SIGTERM does not stop this process before it has written it."""
+    previous, terminated = {}, []
+
+    def terminate(*_: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # from here on: ours to end, then to write the state
+        terminated.append(True)
+        end_run(child, signal.SIGTERM, group)
+
     try:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, terminate)
     except ValueError:                                   # not the main thread: nothing to pass on
         pass
     try:
         return child.wait()
     finally:
+        if terminated:
+            previous.pop(signal.SIGTERM, None)           # terminated: SIGTERM stays ignored until the state is written
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def owns_group(spec: dict[str, Any]) -> bool:
+    """Whether this cell process leads a process group of its own, as the local executor starts it (``spec``
+    says so, and it does): its run, and what the run starts, are then the group's, to end together."""
+    return bool(spec.get("own_group")) and hasattr(os, "getpgrp") and os.getpgrp() == os.getpid()
+
+
+def end_run(child: subprocess.Popen, sig: int, group: bool = False) -> None:
+    """Send ``sig`` to the run: with ``group`` to this process's whole group (this process ignores ``sig`` by
+    then), else to the run alone."""
+    try:
+        if group:
+            os.killpg(os.getpgrp(), sig)
+        else:
+            child.send_signal(sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def write(cell_dir: Path, record: dict[str, Any]) -> dict[str, Any]:

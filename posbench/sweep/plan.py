@@ -64,28 +64,33 @@ def expand(study: Study) -> list[Cell]:
             preset = preset or task_cls.default_preset
             expected = (preset_of(task_cls, preset).get("expected") or {}).get("seconds")
             for variant, variant_sets in study.variants.items():
-                for seed in study.seeds:
-                    for encoding in axis.encodings:
-                        sets = (*study.sets, *axis.sets, *variant_sets)
+                sets = (*study.sets, *axis.sets, *variant_sets)
+                for encoding in axis.encodings:       # the same for every seed: resolved once
+                    expected_s = scaled_expected(axis.name, encoding, preset, sets, expected)
+                    for seed in study.seeds:
                         cell = Cell(axis.name, encoding, preset, seed, variant, sets, study.device,
-                                    expected_s=scaled_expected(axis.name, encoding, preset, sets, expected))
+                                    expected_s=expected_s)
                         cells[(axis.name, encoding, preset, variant, seed)] = cell
     by_task = {axis.name: axis for axis in study.tasks}
+    by_parent_key: dict[tuple, list[Cell]] = {}       # (task, encoding, variant, seed) -> its cells, any preset
+    for (task, encoding, _, variant, seed), cell in cells.items():
+        by_parent_key.setdefault((task, encoding, variant, seed), []).append(cell)
     linked = {}
     for key, cell in cells.items():
         init = by_task[cell.task].init
         if init is not None:
-            parent = parent_of(cell, by_task[init].presets, init, cells)
+            candidates = by_parent_key.get((init, cell.encoding, cell.variant, cell.seed), [])
+            parent = parent_of(cell, by_task[init].presets, init, {(init, c.encoding, c.preset, c.variant, c.seed): c
+                                                                   for c in candidates})
             cell = Cell(**{**cell.__dict__, "parent": parent.id})
         linked[key] = cell
-    depth = {}
-    for cell in linked.values():
-        depth[cell.id] = task_depth(cell.task, by_task)
+    depth = {axis.name: task_depth(axis.name, by_task) for axis in study.tasks}
     order = {axis.name: i for i, axis in enumerate(study.tasks)}
+    seed_order = {seed: i for i, seed in enumerate(study.seeds)}
     ids = [cell.id for cell in linked.values()]
     if len(set(ids)) != len(ids):
         raise StudyError(f"{study.path.name}: two cells would share one id; rename a variant")
-    return sorted(linked.values(), key=lambda c: (study.seeds.index(c.seed), depth[c.id], order[c.task]))
+    return sorted(linked.values(), key=lambda c: (seed_order[c.seed], depth[c.task], order[c.task]))
 
 
 def scaled_expected(task: str, encoding: str, preset: str, sets: tuple[str, ...], expected: Any) -> float | None:

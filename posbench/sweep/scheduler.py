@@ -7,10 +7,16 @@ checkpoint when it starts). Then cells start in plan order as the executor has r
 it starts from has finished; a cell whose parent failed, was killed or is blocked is ``blocked`` (reported, not
 started). Each ended cell's state is the one its cell process wrote (``cell.json``), or ``killed`` when the
 process or job ended without writing one.
+
+Ctrl-C, SIGTERM and SIGHUP stop the sweep the same way, between two of its steps (never half-way through
+starting a cell): the running cells get the signal (Ctrl-C's SIGINT; SIGTERM for the other two), the sweep
+waits for them to record their end and raises ``KeyboardInterrupt`` (``Stopped`` for a signal other than
+Ctrl-C's), so that the caller prints the table of every cell. A second signal stops the wait.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +32,15 @@ from posbench.sweep.study import StudyError
 CELLS_DIR = "cells"
 FINISHED = ("done", "resumed", "complete")
 ENDED_BADLY = ("failed", "killed", "blocked")
+STOPPING = (signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else []))
+
+
+class Stopped(KeyboardInterrupt):
+    """The sweep was stopped by a signal other than Ctrl-C (SIGTERM, SIGHUP): handled as Ctrl-C is."""
+
+    def __init__(self, sig: int):
+        super().__init__(f"stopped by {signal.Signals(sig).name}")
+        self.signal = sig
 
 
 @dataclass
@@ -100,22 +115,31 @@ class Sweep:
     def run(self) -> dict[str, Outcome]:
         self.check_folders()
         self.outcomes = {cell.id: self.initial(cell) for cell in self.cells}
+        received: list[int] = []
+        previous = catch_signals(received)
         try:
             while True:
+                if received:
+                    raise KeyboardInterrupt if received[0] == signal.SIGINT else Stopped(received[0])
                 self.step()
                 if self.display is not None:
                     self.display.update(self.outcomes)
                 if not any(o.state in ("waiting", "queued", "running") for o in self.outcomes.values()):
                     break
                 time.sleep(self.poll_s)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
+            restore_signals(previous)                   # a second Ctrl-C now stops the wait below
+            previous = {}
+            sig = signal.SIGTERM if isinstance(stop, Stopped) else signal.SIGINT
             running = [o.handle for o in self.outcomes.values() if o.handle is not None and not o.ended]
-            self.executor.interrupt(running)
+            self.executor.interrupt(running, sig=sig)
             self.executor.refresh()
             for outcome in self.outcomes.values():
                 if outcome.handle is not None and not outcome.ended and not self.executor.running(outcome.handle):
                     self.end(outcome)
             raise
+        finally:
+            restore_signals(previous)
         return self.outcomes
 
     def step(self) -> None:
@@ -158,6 +182,14 @@ class Sweep:
         elif state == "failed":
             outcome.state, outcome.note = state, record.get("note") or ""
             outcome.run_dir = record.get("run_dir") or ""
+        elif state not in ("killed", "failed") and finished_run(folder) is not None:
+            # the cell process ended without writing its end, after its run had finished (result.json is the
+            # run's last write): the cell is done, as the next plan will say
+            ended = self.executor.end_state(outcome.handle, record)
+            run_dir = finished_run(folder)
+            write(folder, {**record, "state": "done", "run_dir": str(run_dir), "note": f"{ended} after its run "
+                                                                                     f"finished"})
+            self.outcomes[outcome.cell.id] = outcome = finished(outcome.cell, "done", run_dir, outcome.log, "")
         else:                                   # killed, or the process or job ended without writing its end
             ended = self.executor.end_state(outcome.handle, record)
             outcome.state, outcome.note = "killed", f"{ended}: rerun the sweep to resume it"
@@ -169,6 +201,31 @@ class Sweep:
     def announce(self, outcome: Outcome) -> None:
         if self.display is not None:
             self.display.event(outcome)
+
+
+def catch_signals(received: list[int]) -> dict[int, Any]:
+    """Ctrl-C, SIGTERM and SIGHUP recorded in ``received`` (the loop stops at its next step); a second one raises
+    at once. A signal that is ignored (``nohup``, a shell's background job) is left so. Nothing is caught off the
+    main thread."""
+    def record(sig: int, _frame: Any) -> None:
+        if received:
+            raise KeyboardInterrupt if sig == signal.SIGINT else Stopped(sig)
+        received.append(sig)
+
+    previous: dict[int, Any] = {}
+    for sig in STOPPING:
+        try:
+            if signal.getsignal(sig) is signal.SIG_IGN:    # nohup, or a shell's background job
+                continue
+            previous[sig] = signal.signal(sig, record)
+        except ValueError:                                # not the main thread
+            break
+    return previous
+
+
+def restore_signals(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def finished(cell: Cell, state: str, run_dir: Path, log: str, note: str) -> Outcome:

@@ -22,8 +22,11 @@ earlier sweep was stopped) is followed, not submitted again: its id is in the ce
 from __future__ import annotations
 
 import math
+import re
+import shlex
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,8 @@ from posbench.options import OptionError, at_least, declared, option, resolve
 from posbench.sweep.cell import SPEC_FILE, CellJob, is_locked
 
 JOB_FILE = "job.json"
+#: an sbatch option's name, as ``[slurm] additional`` may give one (``exclusive``, ``mail-type``, ``mail_user``)
+SBATCH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
           "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
 
@@ -112,7 +117,10 @@ class SlurmExecutor:
             raise SlurmError("--executor slurm needs the submitit package: pip install 'posbench[slurm]'") from None
         self.options = options
         self.folder = Path(folder)
-        self.submitit = submitit.SlurmExecutor(folder=str(self.folder / "%j"))
+        one_line(str(self.folder), "the sweep's output folder")       # it becomes #SBATCH --output=...
+        # the job's Python without the working directory on its module path (-P), as a local cell's
+        self.submitit = submitit.SlurmExecutor(folder=str(self.folder / "%j"),
+                                               python=f"{shlex.quote(sys.executable)} -P")
         self.handles: list[SlurmHandle] = []
 
     @property
@@ -201,8 +209,9 @@ class SlurmExecutor:
         last = handle.last_state or final_state(handle.job_id)
         return f"SLURM job {handle.job_id} ended {last}" if last else f"SLURM job {handle.job_id} left the queue"
 
-    def interrupt(self, handles: list[SlurmHandle], timeout: float = 0.0) -> None:
-        """Ctrl-C stops the sweep, not its jobs: they go on, and the next sweep follows them."""
+    def interrupt(self, handles: list[SlurmHandle], timeout: float = 0.0, sig: int = 0) -> None:
+        """Ctrl-C (or SIGTERM, ``sig``) stops the sweep, not its jobs: they go on, and the next sweep follows
+        them."""
 
     def still_running(self, handles: list[SlurmHandle]) -> str:
         jobs = [h.job_id for h in handles if h.job_id]
@@ -234,7 +243,22 @@ def job_parameters(o: SlurmOptions, spec: dict[str, Any]) -> dict[str, Any]:
     params.update({k: v for k, v in optional.items() if v})
     if o.additional:
         params["additional_parameters"] = dict(o.additional)
+    for key, value in [*params.items(), *(params.get("additional_parameters") or {}).items()]:
+        if isinstance(value, str):
+            one_line(value, f"slurm {key}")       # each is a #SBATCH line of the job script: never two
     return params
+
+
+def one_line(value: str, where: str) -> str:
+    """``value`` when it holds no control character; else one line refusing it (a newline in an sbatch option
+    would make a line of its own in the job script, which bash runs as a command)."""
+    from posbench.sweep.study import control_character, shown_list
+
+    found = control_character(value)
+    if found:
+        raise SlurmError(f"{where} {shown_list(value)} holds a control character ({found}); SLURM options are one "
+                         f"line of printable text")
+    return value
 
 
 def queue_states(job_ids: list[str]) -> dict[str, str] | None:
@@ -283,4 +307,15 @@ def slurm_options(table: dict[str, Any], overrides: dict[str, Any]) -> SlurmOpti
         values["time"] = minutes(values["time"], "slurm")
     if values["additional"] is not None and not isinstance(values["additional"], dict):
         raise SlurmError("slurm additional must be a table of sbatch options, e.g. { exclusive = true }")
+    for key, value in values.items():
+        if isinstance(value, str):
+            one_line(value, f"slurm {key}")
+    for key, value in (values["additional"] or {}).items():
+        if not isinstance(key, str) or not SBATCH_OPTION.fullmatch(key):
+            raise SlurmError(f"slurm additional: {key!r} is not an sbatch option's name (letters, digits, - and _, "
+                             f"e.g. mail-type)")
+        if isinstance(value, str):
+            one_line(value, f"slurm additional {key}")
+        elif not isinstance(value, (bool, int, float)):
+            raise SlurmError(f"slurm additional {key} = {value!r}: give a string, a number or true")
     return SlurmOptions(**values)

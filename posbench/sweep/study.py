@@ -24,13 +24,17 @@
 
 ``read_study(path)`` checks the shape (every key known, every value of its type) and returns a ``Study``;
 names (tasks, encodings, presets, settings) are checked when the plan resolves each cell's configuration.
-Every mistake is one line (``StudyError``).
+Every mistake is one line (``StudyError``). No string of a study may hold a control character (a newline in a
+``[slurm]`` option or a name would become a line of its own in a SLURM job script, run as a command), and its
+sizes are bounded where they are read: the file (``MAX_STUDY_BYTES``), the seeds (``MAX_SEEDS``, as ``posbench
+run --seeds``; each a NumPy seed) and the cells of the plan (``MAX_CELLS``).
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +44,13 @@ from posbench.options import declared, did_you_mean
 
 TOP_KEYS = ("name", "encodings", "tasks", "seeds", "presets", "set", "variants", "task", "device", "slurm")
 TASK_KEYS = ("init", "set", "presets", "encodings")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=+-]*")      # the whole name: always ``NAME.fullmatch``
+#: bounds of what a study file may ask for: its size, its seeds (``posbench run --seeds`` stops at the same count;
+#: a seed is one of NumPy's, 0 .. 2**32 - 1, as ``posbench run --seed`` checks) and the cells of its plan
+MAX_STUDY_BYTES = 1024 * 1024
+MAX_SEEDS = 1000
+MAX_SEED = 2**32 - 1
+MAX_CELLS = 10_000
 
 
 class StudyError(ConfigError):
@@ -75,12 +85,13 @@ def read_study(path: Path | str) -> Study:
     path = Path(path)
     if not path.is_file():
         raise StudyError(f"study file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise StudyError(f"{path}: not valid TOML ({exc})") from None
     where = path.name
+    no_control_characters(raw, where)
     known(raw, TOP_KEYS, where)
     encodings = names(raw.get("encodings"), f"{where}: encodings")
     task_names = names(raw.get("tasks"), f"{where}: tasks")
@@ -110,7 +121,7 @@ def read_study(path: Path | str) -> Study:
     check_no_cycle(tasks, where)
     variants = {}
     for key, value in table(raw.get("variants", {}), f"{where}: [variants]").items():
-        if not NAME.match(key):
+        if not NAME.fullmatch(key):
             raise StudyError(f"{where}: variant name {key!r}: use letters, digits and _ . = + -")
         variants[key] = tuple(strings(value, f"{where}: variant {key!r}"))
     slurm = table(raw.get("slurm", {}), f"{where}: [slurm]")
@@ -121,10 +132,55 @@ def read_study(path: Path | str) -> Study:
     if not isinstance(device, str):
         raise StudyError(f"{where}: device must be a string (auto, cpu, cuda), got {device!r}")
     name = raw.get("name", path.stem)
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise StudyError(f"{where}: name {name!r}: use letters, digits and _ . = + -")
-    return Study(name=name, path=path, tasks=tuple(tasks), seeds=tuple(seeds_of(raw.get("seeds", 1), where)),
-                 variants=variants or {"": ()}, sets=tuple(study_sets), device=device, slurm=slurm, text=text)
+    seeds = seeds_of(raw.get("seeds", 1), where)
+    count = len(seeds) * max(1, len(variants)) * sum(len(t.presets) * len(t.encodings) for t in tasks)
+    if count > MAX_CELLS:
+        raise StudyError(f"{where}: {count:,} cells (tasks x presets x encodings x variants x seeds); a study plans "
+                         f"at most {MAX_CELLS:,}: split it into several studies")
+    return Study(name=name, path=path, tasks=tuple(tasks), seeds=tuple(seeds), variants=variants or {"": ()},
+                 sets=tuple(study_sets), device=device, slurm=slurm, text=text)
+
+
+def read_text(path: Path) -> str:
+    """The study file's text: at most ``MAX_STUDY_BYTES`` (a study is a page of TOML), UTF-8."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_STUDY_BYTES + 1)
+    except OSError as exc:
+        raise StudyError(f"study file {path} cannot be read ({exc.strerror or exc})") from None
+    if len(data) > MAX_STUDY_BYTES:
+        raise StudyError(f"study file {path} is over {MAX_STUDY_BYTES // 1024} KiB; a study file is a page of TOML")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StudyError(f"study file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def control_character(text: str) -> str | None:
+    """The first control character of ``text`` (a newline, a tab, a NUL, ...) as ``U+000A``, or None."""
+    found = next((c for c in text if unicodedata.category(c) == "Cc"), None)
+    return None if found is None else f"U+{ord(found):04X}"
+
+
+def no_control_characters(value: Any, where: str, key: str = "") -> None:
+    """Every string of the study (keys and values, at any depth) without a control character: a newline in a
+    ``[slurm]`` option, a name or a variant would be a line of its own in a SLURM job script."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            inner = f"{key}.{k}" if key else k
+            if control_character(k):
+                raise StudyError(f"{where}: the key {shown_list(k)} holds a control character "
+                                 f"({control_character(k)}); study keys and values are one line of printable text")
+            no_control_characters(v, where, inner)
+    elif isinstance(value, list):
+        for item in value:
+            no_control_characters(item, where, key)
+    elif isinstance(value, str) and control_character(value):
+        raise StudyError(f"{where}: {shown_list(key)} = {shown_list(value)} holds a control character "
+                         f"({control_character(value)}); "
+                         f"study keys and values are one line of printable text")
 
 
 def known(mapping: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
@@ -150,7 +206,7 @@ def names(value: Any, where: str) -> list[str]:
     repeated = sorted({v for v in items if items.count(v) > 1})
     if repeated:
         raise StudyError(f"{where}: {', '.join(repeated)} given twice")
-    bad = [v for v in items if not NAME.match(v)]
+    bad = [v for v in items if not NAME.fullmatch(v)]
     if bad:
         raise StudyError(f"{where}: {bad[0]!r} is not a name")
     return items
@@ -173,15 +229,29 @@ def seeds_of(value: Any, where: str) -> list[int]:
     if isinstance(value, bool):
         raise StudyError(f"{where}: seeds must be a count or a list of seeds, got {value!r}")
     if isinstance(value, int):
-        if value < 1:
-            raise StudyError(f"{where}: seeds = {value}: the count must be >= 1")
+        if not 1 <= value <= MAX_SEEDS:
+            raise StudyError(f"{where}: seeds = {value}: the count must be between 1 and {MAX_SEEDS:,} "
+                             f"(as posbench run --seeds)")
         return list(range(value))
     if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool)
                                                             and v >= 0 for v in value):
-        raise StudyError(f"{where}: seeds must be a count or a non-empty list of seeds >= 0, got {value!r}")
+        raise StudyError(f"{where}: seeds must be a count or a non-empty list of seeds >= 0, got "
+                         f"{shown_list(value)}")
+    if len(value) > MAX_SEEDS:
+        raise StudyError(f"{where}: {len(value):,} seeds: a study runs at most {MAX_SEEDS:,} (as posbench run --seeds)")
+    big = next((v for v in value if v > MAX_SEED), None)
+    if big is not None:
+        raise StudyError(f"{where}: seed {big}: a seed must be between 0 and {MAX_SEED} (NumPy's range)")
     if len(set(value)) != len(value):
-        raise StudyError(f"{where}: seeds {value}: a seed is repeated")
+        again = next(v for i, v in enumerate(value) if v in value[:i])
+        raise StudyError(f"{where}: seeds {shown_list(value)}: a seed is repeated ({again})")
     return list(value)
+
+
+def shown_list(value: Any, width: int = 60) -> str:
+    """``value`` as Python writes it, cut to ``width`` characters (a list of a thousand seeds stays one line)."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def check_no_cycle(tasks: list[TaskAxis], where: str) -> None:

@@ -36,13 +36,18 @@ from posbench.data.batch import IGNORE_INDEX, Batch, next_token_pair
 from posbench.errors import ConfigError
 from posbench.evaluation import passkey as pk
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
-from posbench.options import Each, OneOf, Option, at_least, between, positive
+from posbench.options import Bound, Each, OneOf, Option, at_least, between
 from posbench.tasks.corpus_task import TokenizerMixin
 from posbench.tasks.base import SeededStream, Task, config_hash
 from posbench.train import distributed
 
 MODES = ("grid", "longlora")
 CHANCE = 1 / (pk.KEY_HIGH - pk.KEY_LOW)
+#: the longest prompt the task builds, in tokens (2**19: five times LongLoRA's longest passkey test, 100k): a
+#: length, a grid length (``train_length`` x a length factor) or ``max_tokens`` past it is refused when the
+#: configuration is resolved (``--dry-run`` included), not found out by a MemoryError after training
+MAX_TOKENS = 524_288
+MAX_POINTS = 1024                   # longlora mode's length points (max_tokens // interval)
 
 
 def _stderr(acc: float, n: int) -> float | None:
@@ -97,24 +102,43 @@ class Passkey(TokenizerMixin, Task):
                        OneOf(MODES)),
         "tokenizer": Option("byte", "byte, or a Hugging Face tokenizer name/path (with --init: the init run's)"),
         "train_length": Option(0, "fine-tuning length in tokens (0: model.max_seq_len); sets model.max_seq_len",
-                               at_least(0)),
+                               between(0, MAX_TOKENS)),
         "loss": Option("all", "all (every token) or answer (the key and EOS only)", OneOf(("all", "answer"))),
-        "length_factors": Option([1, 2, 4], "grid lengths as multiples of the training length", Each(positive())),
+        "length_factors": Option([1, 2, 4], "grid lengths as multiples of the training length",
+                                 Each(Bound(low=0, high=1024, low_strict=True))),
         "depths": Option([0.0, 0.25, 0.5, 0.75, 1.0], "grid depths in [0, 1] (fraction of the filler before the key)",
                          Each(between(0.0, 1.0))),
-        "trials": Option(10, "keys per grid cell / per LongLoRA length point (LongLoRA: 10, TAPE: 20)", at_least(1)),
+        "trials": Option(10, "keys per grid cell / per LongLoRA length point (LongLoRA: 10, TAPE: 20)",
+                         between(1, 100_000)),
         "eval_seed": Option(0, "seed of the grid's keys (the same for every encoding)", at_least(0)),
-        "max_tokens": Option(0, "longlora mode: --max_tokens (0: the largest grid length)", at_least(0)),
-        "interval": Option(0, "longlora mode: --interval (0: the training length)", at_least(0)),
-        "eval_batch_size": Option(8, "prompts decoded together", at_least(1)),
+        "max_tokens": Option(0, "longlora mode: --max_tokens (0: the largest grid length)", between(0, MAX_TOKENS)),
+        "interval": Option(0, "longlora mode: --interval (0: the training length)", between(0, MAX_TOKENS)),
+        "eval_batch_size": Option(8, "prompts decoded together", between(1, 65_536)),
     }
 
     # ---- configuration ---------------------------------------------------------------------------------
     @classmethod
     def adjust(cls, sections, source) -> None:
-        """``task.train_length`` (when set) is the model's training length."""
-        if sections["task"]["train_length"] > 0:
-            sections["model"]["max_seq_len"] = int(sections["task"]["train_length"])
+        """``task.train_length`` (when set) is the model's training length; the longest prompt the settings ask
+        for is at most ``MAX_TOKENS`` tokens (one line otherwise, before anything runs)."""
+        task = sections["task"]
+        if task["train_length"] > 0:
+            sections["model"]["max_seq_len"] = int(task["train_length"])
+        declared = {key: option.limit for key, option in cls.OPTIONS.items()}
+        if not all(declared[key].admits(task[key])
+                   for key in ("length_factors", "max_tokens", "interval", "train_length")):
+            return                                         # out of its range: said in one line by the range check
+        train_length = int(sections["model"].get("max_seq_len") or 0)
+        longest = round(max(task["length_factors"]) * train_length)
+        if longest > MAX_TOKENS:
+            raise ConfigError(f"task.length_factors={task['length_factors']} x the training length {train_length} "
+                              f"asks for prompts of {longest:,} tokens; passkey builds at most {MAX_TOKENS:,}")
+        if task["mode"] == "longlora":
+            points = (task["max_tokens"] or longest) // max(1, task["interval"] or train_length)
+            if points > MAX_POINTS:
+                raise ConfigError(f"longlora mode: task.max_tokens {task['max_tokens'] or longest} // task.interval "
+                                  f"{task['interval'] or train_length} gives {points:,} length points; at most "
+                                  f"{MAX_POINTS:,} (LongLoRA's test: 32)")
 
     def validate(self) -> None:
         need = self.builder.min_length() + len(self.tokenizer.encode(pk.answer_text(pk.KEY_HIGH - 1)))
