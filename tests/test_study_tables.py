@@ -38,9 +38,10 @@ ARITHMETIC_4K, ARITHMETIC_8K = ARITHMETIC / "4k", ARITHMETIC / "8k"
 #: each published study's folder and its page
 PAGES = {"cpu-v1": (CPU_V1, CPU / "v1.md"), "cpu-v2": (CPU_V2, ROOT / "docs" / "studies" / "cpu.md"),
          "arithmetic-4k": (ARITHMETIC_4K, ARITHMETIC / "4k.md"),
-         "arithmetic-8k": (ARITHMETIC_8K, ROOT / "docs" / "studies" / "arithmetic.md")}
+         "arithmetic-8k": (ARITHMETIC_8K, ROOT / "docs" / "studies" / "arithmetic.md"),
+         "protocols": (ROOT / "docs" / "studies" / "protocols", ROOT / "docs" / "studies" / "protocols.md")}
 #: how many tables each page quotes at least (a study in progress quotes more as its cells finish)
-QUOTES = {"cpu-v1": 3, "cpu-v2": 1, "arithmetic-4k": 1, "arithmetic-8k": 1}
+QUOTES = {"cpu-v1": 3, "cpu-v2": 1, "arithmetic-4k": 1, "arithmetic-8k": 1, "protocols": 2}
 #: every published folder, the fixture's too; version 1 of the CPU study predates the probe, so it has no plateau.md
 FOLDERS = {"fixture": FIXTURE, **{study: folder for study, (folder, _) in PAGES.items()}}
 PROBED = [study for study in FOLDERS if study != "cpu-v1"]
