@@ -90,7 +90,7 @@ def test_a_parameter_with_no_elements_is_one_line_and_the_other_lines_stay(remov
     assert "ok    encoding 'test-with-empty': parameters with no elements: nothing [0]: nothing to learn, " \
            "not measured" in lines
     assert sum(": learns slopes within the perplexity preset 'tiny'" in line for line in lines) == 1
-    assert len(lines) == 8 + 2         # the contract's 8 (no compiled check), the empty tensor, the slopes
+    assert len(lines) == 9 + 2         # the contract's 9 (no compiled check), the empty tensor, the slopes
 
 
 def test_a_failure_outside_any_check_keeps_the_lines_before_it(monkeypatch):
@@ -109,7 +109,7 @@ def test_a_failure_outside_any_check_keeps_the_lines_before_it(monkeypatch):
     names = [c.name for c in report.checks]
     assert names[-2:] == ["a first measurement", "learned parameters measured within the budget"]
     assert report.checks[-1].detail.startswith("RuntimeError: something the check did not foresee (")
-    assert len(names) == 10
+    assert len(names) == 11
 
 
 def define_gain(start: float):

@@ -18,7 +18,9 @@ from encoding_helpers import BUILTIN
 CHECKS = ["options declared with a default, a range and help", "options refused out of range, in one line",
           "builds, and every trainable parameter reaches the loss", "a later token never changes an earlier logit",
           "the attention backends agree", "a KV cache equals recomputation",
-          "a padded batch gives each row what it gets alone", "a saved state dict rebuilds the same model",
+          "a padded batch gives each row what it gets alone",
+          "on the depth-recurrent backbone it trains, stays causal and decodes as it recomputes",
+          "a saved state dict rebuilds the same model",
           "one compiled graph for all layers"]
 
 
@@ -163,6 +165,7 @@ def test_check_fails_on_a_broken_encoding_one_line_per_failed_check(capsys):
     assert [line.split(": ")[1] for line in failed] == [
         "options declared with a default, a range and help", "a later token never changes an earlier logit",
         "a KV cache equals recomputation", "a padded batch gives each row what it gets alone",
+        "on the depth-recurrent backbone it trains, stays causal and decodes as it recomputes",
         "a saved state dict rebuilds the same model", "one compiled graph for all layers"]
     assert all(line.startswith("FAIL  encoding 'test-broken': ") for line in failed)
     assert "option width=4 declares no range" in failed[0]

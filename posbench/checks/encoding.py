@@ -20,6 +20,9 @@ from posbench.checks.options import check_options
 from posbench.checks.outcome import CheckFailed, Report
 
 SHAPE = dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=16, init_std=0.2)
+#: the arithmetic releases' depth-recurrent class (docs/encodings.md, "Backbones"), at two recurrences of the blocks
+RECURRENT = dict(norm="layer", norm_position="post", mlp="geglu", embedding_norm=True, head_mlp=True, recurrences=2,
+                 input_injection=True, state_std=0.02, init_scheme="deepnorm")
 VOCAB = 50
 BATCH, LENGTH, PREFIX = 2, 12, 5
 PADS = 4            # the padding check's pads
@@ -51,6 +54,8 @@ def check_encoding(name: str, *, compiled: bool = True, task: str | None = None,
         report.run("the attention backends agree", lambda: backends_agree(name, model, context, vocab, x))
         report.run("a KV cache equals recomputation", lambda: cache_equals_recomputation(model, x))
         report.run("a padded batch gives each row what it gets alone", lambda: padded_rows_alone(model, x))
+        report.run("on the depth-recurrent backbone it trains, stays causal and decodes as it recomputes",
+                   lambda: recurrent_backbone(name, context, vocab, x))
         report.run("a saved state dict rebuilds the same model", lambda: state_dict_round_trip(name, model, context,
                                                                                                 vocab, x))
         if compiled:
@@ -82,7 +87,9 @@ def task_context(cls: Any) -> tuple[dict[str, Any], int]:
     raise CheckFailed(f"no task gives {', '.join(cls.task_context)}, which the encoding needs")
 
 
-def build(name: str, options: dict[str, Any], vocab: int, attention: str, seed: int = 0):
+def build(name: str, options: dict[str, Any], vocab: int, attention: str, seed: int = 0,
+          backbone: dict[str, Any] | None = None):
+    """The tiny model (``backbone``: model settings over the default decoder's, as ``RECURRENT``)."""
     from posbench.model import ModelConfig, Transformer
 
     from posbench.encodings import ENCODINGS
@@ -90,7 +97,7 @@ def build(name: str, options: dict[str, Any], vocab: int, attention: str, seed: 
     torch.manual_seed(seed)
     options = {**ENCODINGS.get(name).deterministic_options, **options}
     model = Transformer(ModelConfig(vocab_size=vocab, encoding=name, encoding_options=dict(options),
-                                    attention=attention, **SHAPE))
+                                    attention=attention, **SHAPE, **(backbone or {})))
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for p in model.encoding.parameters():
@@ -194,6 +201,15 @@ def backends_agree(name: str, model, context: dict[str, Any], vocab: int, x: tor
             reference.zero_grad(set_to_none=True)
         tried.append(backend)
     return f"{', '.join(tried)}: max |difference| {worst:.1e}"
+
+
+def recurrent_backbone(name: str, context: dict[str, Any], vocab: int, x: torch.Tensor) -> str:
+    """The encoding on the depth-recurrent backbone (``RECURRENT``): every trainable parameter reaches the loss, no
+    later token changes an earlier logit, and cached decoding equals recomputation through both passes."""
+    model = build(name, context, vocab, "eager", backbone=RECURRENT)
+    trains(model, vocab)
+    causal(model, x, vocab)
+    return f"2 recurrences; cache: {cache_equals_recomputation(model, x)}"
 
 
 def cache_equals_recomputation(model, x: torch.Tensor) -> str:
