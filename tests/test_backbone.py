@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from posbench.cli import main
+from posbench.encodings import ENCODINGS
 from posbench.model import ModelConfig, Transformer
 from posbench.model.transformer import GatedMLP, RMSNorm
 
@@ -167,11 +168,10 @@ def forward_by_hand(model: Transformer, toks: torch.Tensor, passes: int, start: 
     return model.lm_head(model.norm(model.head(x)))
 
 
-@pytest.mark.parametrize("encoding", ["nope", "rope", "tape"])
+@pytest.mark.parametrize("encoding", ["nope", "rope", "fire"])
 def test_two_recurrences_are_the_blocks_twice_with_the_injection_at_each_entry(encoding):
     """Evaluation, float64: the model's logits equal the blocks run twice by hand, the normalised embeddings
-    added at the entry of each pass (TAPE: its position state carried from the first pass into the second); not
-    one pass, nor two passes without re-injection."""
+    added at the entry of each pass; not one pass, nor two passes without re-injection."""
     model = recurrent(encoding, dtype=torch.float64).eval()
     toks = tokens(2, 10)
     with torch.no_grad():
@@ -214,7 +214,7 @@ def test_fewer_eval_recurrences_than_training_ones():
 def test_one_recurrence_from_a_zero_state_is_the_plain_forward_pass():
     """Injection onto a zero state with one pass adds the embeddings to zero: bitwise the model without it."""
     injected = recurrent("rope", recurrences=1, state_std=0.0).eval()
-    plain = recurrent("rope", recurrences=1, input_injection=False).eval()
+    plain = recurrent("rope", recurrences=1, input_injection=False, state_std=0.0).eval()
     plain.load_state_dict(injected.state_dict())
     toks = tokens(2, 10)
     with torch.no_grad():
@@ -244,7 +244,7 @@ def test_training_draws_the_initial_state_from_n0_state_std_at_every_forward_pas
 
 def test_state_std_zero_or_no_injection_is_deterministic_in_training():
     toks = tokens(2, 10)
-    for settings in ({"state_std": 0.0}, {"input_injection": False}):
+    for settings in ({"state_std": 0.0}, {"input_injection": False, "state_std": 0.0}):
         model = recurrent("nope", **settings).train()
         with torch.no_grad():
             assert torch.equal(model(toks), model(toks)), settings
@@ -310,14 +310,15 @@ def test_cached_decoding_equals_recomputation_on_the_recurrent_backbone(encoding
     """2 recurrences (a cache of 2 x 2 layers), evaluation: a prefix, several tokens, one token and the rest through
     one ``new_cache()`` give the logits of the whole sequence at once (1e-5 of the largest logit, float32);
     ``generate`` with the cache gives the tokens it gives without."""
-    model = recurrent(encoding, max_seq_len=32).eval()
+    passes = 1 if ENCODINGS[encoding].one_pass else 2                  # TAPE runs on one pass only
+    model = recurrent(encoding, max_seq_len=32, recurrences=passes).eval()
     x = digit_rich(2, 14) if encoding == "abacus" else tokens(2, 14)
     with torch.no_grad():
         full = model(x)
         cache = model.new_cache()
         parts = [model(x[:, :6], cache=cache), model(x[:, 6:10], cache=cache), model(x[:, 10:11], cache=cache),
                  model(x[:, 11:], cache=cache)]
-    assert len(cache.layers) == 4 and cache.length == 14
+    assert len(cache.layers) == 2 * passes and cache.length == 14
     assert_close(torch.cat(parts, dim=1), full)
     prompt = x[:, :6]
     cached = model.generate(prompt, max_new_tokens=6)
@@ -325,7 +326,7 @@ def test_cached_decoding_equals_recomputation_on_the_recurrent_backbone(encoding
     assert torch.equal(cached, model.generate(prompt, max_new_tokens=6, use_cache=False))
 
 
-@pytest.mark.parametrize("encoding", ["rope", "tape", "abacus"])
+@pytest.mark.parametrize("encoding", ["rope", "fire", "abacus"])
 def test_cached_decoding_with_more_eval_recurrences(encoding):
     model = recurrent(encoding, max_seq_len=32, eval_recurrences=3).eval()
     x = digit_rich(2, 12) if encoding == "abacus" else tokens(2, 12)
@@ -340,15 +341,21 @@ def test_cached_decoding_with_more_eval_recurrences(encoding):
 # (f) an arithmetic run on the backbone ---------------------------------------------------------------------------
 
 BACKBONE_SETS = ["model.norm=layer", "model.norm_position=post", "model.mlp=geglu", "model.embedding_norm=true",
-                 "model.head_mlp=true", "model.recurrences=2", "model.eval_recurrences=3",
-                 "model.input_injection=true", "model.state_std=0.02", "model.init_scheme=deepnorm", "model.norm_eps=1e-12"]
+                 "model.head_mlp=true", "model.input_injection=true", "model.state_std=0.02",
+                 "model.init_scheme=deepnorm", "model.norm_eps=1e-12"]
 
 
-def run_backbone(capsys, tmp_path, encodings: list[str]) -> list[dict]:
-    """``posbench run -e ENCODINGS -t arithmetic -p tiny`` on the backbone, 4 steps, 2 samples per cell; the
-    results, in the order of ``encodings``."""
+def evaluation(passes: int) -> int:
+    """The recurrences at evaluation: one more than training's, or (one-pass encodings) as training."""
+    return passes + 1 if passes > 1 else 0
+
+
+def run_backbone(capsys, tmp_path, encodings: list[str], passes: int = 2) -> list[dict]:
+    """``posbench run -e ENCODINGS -t arithmetic -p tiny`` on the backbone (``passes`` recurrences in training, one
+    more at evaluation), 4 steps, 2 samples per cell; the results, in the order of ``encodings``."""
     args = ["run", "-e", ",".join(encodings), "-t", "arithmetic", "-p", "tiny", "-q", "--out", str(tmp_path)]
-    for setting in BACKBONE_SETS + ["steps=4", "task.eval_samples=2"]:
+    for setting in BACKBONE_SETS + [f"model.recurrences={passes}", f"model.eval_recurrences={evaluation(passes)}",
+                                    "steps=4", "task.eval_samples=2"]:
         args += ["--set", setting]
     code = main(args)
     err = capsys.readouterr().err
@@ -360,13 +367,14 @@ def run_backbone(capsys, tmp_path, encodings: list[str]) -> list[dict]:
     return results
 
 
-def check_run(run_dir, result: dict) -> None:
+def check_run(run_dir, result: dict, passes: int = 2) -> None:
     from safetensors.torch import load_file
 
     assert result["status"] == "complete"
     recorded = result["config"]["model_config"]
     for key, value in {"norm": "layer", "norm_position": "post", "mlp": "geglu", "embedding_norm": True,
-                       "head_mlp": True, "recurrences": 2, "eval_recurrences": 3, "input_injection": True,
+                       "head_mlp": True, "recurrences": passes, "eval_recurrences": evaluation(passes),
+                       "input_injection": True,
                        "state_std": 0.02, "init_scheme": "deepnorm", "norm_eps": 1e-12}.items():
         assert recorded[key] == value, key
     assert result["training"]["steps"] == 4 and math.isfinite(result["training"]["final_loss"])
@@ -380,15 +388,31 @@ def check_run(run_dir, result: dict) -> None:
 
 
 def test_an_arithmetic_run_on_the_backbone(capsys, tmp_path):
-    """Abacus (digit ids from the task) and TAPE (a position state through the recurrences)."""
-    for run_dir, result in run_backbone(capsys, tmp_path, ["abacus", "tape"]):
+    """Abacus (digit ids from the task) on two recurrences, and TAPE (a position state through the layers) on one:
+    the recurrence TAPE runs on."""
+    for run_dir, result in run_backbone(capsys, tmp_path / "two", ["abacus"]):
         check_run(run_dir, result)
+    for run_dir, result in run_backbone(capsys, tmp_path / "one", ["tape"], passes=1):
+        check_run(run_dir, result, passes=1)
+
+
+def test_an_encoding_of_one_pass_refuses_more_recurrences_in_one_line(capsys, tmp_path):
+    """TAPE discards its state after the last layer (so that layer's update is frozen and skipped): a second pass
+    would need it, so a model of more recurrences is refused, with exit code 2 and nothing written."""
+    code = main(["run", "-e", "tape", "-t", "arithmetic", "-p", "tiny", "-q", "--out", str(tmp_path),
+                 "--set", "model.recurrences=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "runs on one pass of the blocks" in err and not list(tmp_path.glob("arithmetic/tape/*"))
 
 
 @pytest.mark.slow
 def test_an_arithmetic_run_on_the_backbone_for_every_encoding(capsys, tmp_path):
-    for run_dir, result in run_backbone(capsys, tmp_path, BUILTIN):
+    looped = [name for name in BUILTIN if not ENCODINGS[name].one_pass]
+    for run_dir, result in run_backbone(capsys, tmp_path / "two", looped):
         check_run(run_dir, result)
+    for run_dir, result in run_backbone(capsys, tmp_path / "one", [n for n in BUILTIN if n not in looped], passes=1):
+        check_run(run_dir, result, passes=1)
 
 
 # (g) the default model is what it was -----------------------------------------------------------------------------
@@ -434,3 +458,32 @@ def test_the_default_model_builds_what_it_built_before():
             h = rms(x, block.mlp_norm)
             x = x + (F.silu(h @ block.mlp.gate.weight.T) * (h @ block.mlp.up.weight.T)) @ block.mlp.down.weight.T
         close(small(toks), small.lm_head(rms(x, small.norm)))
+
+
+def test_a_looped_model_through_transformers_forward_and_generate():
+    """The Hugging Face wrapper of a model of 2 recurrences (3 at evaluation): a cache made from the config (by the
+    forward pass or by transformers' generate) has n_layers layers, the model needs n_layers x 3; both give the
+    model's own logits (exactly) and greedy tokens."""
+    from posbench.hf.modeling import PosbenchConfig, PosbenchForCausalLM
+
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, max_seq_len=16, encoding="rope",
+                      **{**RECURRENT, "eval_recurrences": 3})
+    torch.manual_seed(0)
+    hf = PosbenchForCausalLM(PosbenchConfig.from_model_config(cfg, bos_token_id=1, eos_token_id=2,
+                                                              pad_token_id=0)).eval()
+    x = tokens(2, 9)
+    with torch.no_grad():
+        assert torch.equal(hf(x).logits, hf.model(x))
+        out = hf.generate(x, max_new_tokens=5, do_sample=False)
+        assert torch.equal(out[:, 9:], hf.model.generate(x, 5))
+
+
+def test_settings_that_would_do_nothing_are_refused():
+    """A setting accepted but ignored would be recorded and split compare's rows for nothing: state_std without
+    input_injection, and Abacus's fire_init_l without its FIRE bias, are each one OptionError."""
+    from posbench.options import OptionError
+
+    with pytest.raises(OptionError, match="input_injection"):
+        ModelConfig(state_std=0.02)
+    with pytest.raises(OptionError, match="attention_bias=fire"):
+        tiny("abacus", encoding_options={"fire_init_l": 512.0})

@@ -24,6 +24,7 @@ def two_sizes(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow  # two_sizes: four tiny runs
 def test_two_model_sizes_share_the_evaluations_columns(two_sizes, capsys):
     assert main(["compare", str(two_sizes), "--by-model", "--format", "markdown"]) == 0
     out = capsys.readouterr().out
@@ -39,6 +40,7 @@ def test_two_model_sizes_share_the_evaluations_columns(two_sizes, capsys):
             assert sum(row[i].startswith("**") for row in cells) == 1, name
 
 
+@pytest.mark.slow  # two_sizes: four tiny runs
 def test_by_model_csv_and_json_say_the_models_seed(two_sizes, capsys):
     assert main(["compare", str(two_sizes), "--by-model", "--format", "csv"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))

@@ -24,6 +24,7 @@ CHECKS = ["options declared with a default, a range and help", "options refused 
           "one compiled graph for all layers"]
 
 
+@pytest.mark.slow  # posbench check on all 13 (each encoding's checks run fast elsewhere)
 def test_check_passes_on_every_builtin_encoding(capsys):
     """The contract, and every learned position parameter within the CPU study's perplexity budget (Abacus, which
     runs on arithmetic only, within arithmetic's default preset)."""

@@ -23,8 +23,17 @@ from encoding_helpers import BUILTIN, assert_close, seeded, tiny, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread", "fresh_dynamo")
 
+#: one encoding of each way an encoding enters attention, the four the GPU call's CPU rehearsal benches: rotated
+#: queries and keys (RoPE), an element-wise bias (ALiBi), a bias from q and k (CoPE), TAPE's tensor state. The fast
+#: tier compiles these; the slow one every other built-in encoding too.
+FAMILY = ("rope", "alibi", "cope", "tape")
 
-@pytest.mark.parametrize("encoding", BUILTIN)
+
+def by_family(encodings) -> list:
+    return [pytest.param(e, marks=() if e in FAMILY else pytest.mark.slow) for e in encodings]
+
+
+@pytest.mark.parametrize("encoding", by_family(BUILTIN))
 def test_a_compiled_model_is_one_graph_for_all_layers(encoding):
     model = tiny(encoding, layers=4, d_model=64, heads=4).train()
     counter = CompileCounter()
@@ -68,7 +77,7 @@ def test_compiled_tape_trains_like_eager():
             assert_close(q.grad, p.grad, rel=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("encoding", ["alibi", "t5", "fire", "kerple", "sandwich"])
+@pytest.mark.parametrize("encoding", by_family(["alibi", "t5", "fire", "kerple", "sandwich"]))
 def test_a_compiled_model_traces_flex_attention_in_its_one_graph(encoding):
     """What a compiled model does on a GPU with a bias: the causal block mask and the encoding's score_mod are
     traced inside the model's single graph (no graph break). Run here in inference, where FlexAttention works

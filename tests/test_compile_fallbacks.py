@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from posbench.cli import main
@@ -30,6 +31,7 @@ def test_a_hit_recompile_limit_is_caught():
     assert quiet.found == [] and quiet.note() is None
 
 
+@pytest.mark.slow  # a whole run
 def test_a_run_that_fell_back_says_so_once_and_records_it(tmp_path, monkeypatch, capsys):
     from posbench.tasks.perplexity.task import Perplexity
 

@@ -19,6 +19,9 @@ SETS = ["steps=6", "batch_size=8", "grad_accum=1", "lr=3e-3", "warmup_steps=0", 
         "task.eval_tokens=2048"]
 LOSS_RTOL = 1e-6
 
+# torch.distributed's rendezvous on a free port of 127.0.0.1: one worker runs these and tests/test_distributed.py's
+pytestmark = pytest.mark.xdist_group("torch-distributed")
+
 
 def _force_cache():
     lm.IN_MEMORY_MAX_TOKENS = 0                 # the cached path for this small corpus

@@ -131,6 +131,7 @@ def _cache_dir_of(cache_root: Path) -> Path:
     raise AssertionError("no cache directory appeared in 300 s")
 
 
+@pytest.mark.slow  # a tokenising process, killed
 def test_a_killed_tokenisation_resumes_exactly(tmp_path, cache_dir):
     corpus = _corpus(tmp_path, n_files=4, docs=150, mean_words=200)
     src = open_source(str(corpus))
@@ -158,6 +159,7 @@ def test_a_killed_tokenisation_resumes_exactly(tmp_path, cache_dir):
     assert cache.describe()["documents"] == reference.documents
 
 
+@pytest.mark.slow  # two processes
 def test_a_second_process_waits_for_the_producer(tmp_path, cache_dir):
     corpus = _corpus(tmp_path, n_files=3, docs=150, mean_words=200)
     src = open_source(str(corpus))
@@ -176,6 +178,7 @@ def test_a_second_process_waits_for_the_producer(tmp_path, cache_dir):
     assert np.array_equal(cache.tokens, token_stream(src, "train", ByteTokenizer(), None).tokens)
 
 
+@pytest.mark.slow  # a second process, waited for
 def test_a_stuck_producer_in_another_process_is_one_line_not_a_wait_forever(tmp_path, cache_dir, monkeypatch):
     corpus = _corpus(tmp_path, n_files=4, docs=150, mean_words=200)
     proc = _spawn_producer(corpus, cache_dir, pause_after=150_000)   # commits some batches, then hangs holding the lock

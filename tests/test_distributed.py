@@ -37,7 +37,9 @@ NO_OFFSET = ["encoding.random_offset=false"]       # TAPE's random shift per for
 LOSS_RTOL, WEIGHT_ATOL = 1e-6, 1e-6
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # tiny models gain nothing from threads
+# tiny models gain nothing from threads; torch.distributed's rendezvous on a free port of 127.0.0.1: one worker runs
+# these and tests/test_data_cache_ranks.py's, in turn
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.xdist_group("torch-distributed")]
 
 
 def only_run(root: Path, encoding: str = "rope") -> Path:
@@ -108,6 +110,7 @@ def assert_same_training(many: Path, one: Path) -> None:
         torch.testing.assert_close(wa[key], wb[key], rtol=0, atol=WEIGHT_ATOL)
 
 
+@pytest.mark.slow  # two_ranks: two processes, nine runs
 def test_two_processes_reach_the_loss_curve_of_one_and_write_one_result(two_ranks, one_rank):
     run_dir = only_run(two_ranks / "ddp")                      # exactly one run directory, one result
     ranks = outputs(two_ranks, "ddp")
@@ -123,6 +126,7 @@ def test_two_processes_reach_the_loss_curve_of_one_and_write_one_result(two_rank
     assert (run_dir / "predictions.jsonl").read_text() == (one_rank["rope"] / "predictions.jsonl").read_text()
 
 
+@pytest.mark.slow  # two_ranks
 def test_tape_trains_under_ddp_without_searching_for_unused_parameters(two_ranks, one_rank):
     assert_same_training(only_run(two_ranks / "tape", "tape"), one_rank["tape"])
     probe = outputs(two_ranks, "probe")[0]
@@ -133,6 +137,7 @@ def test_tape_trains_under_ddp_without_searching_for_unused_parameters(two_ranks
     assert "finished reduction in the prior iteration" in probe["unfrozen"]
 
 
+@pytest.mark.slow  # two_ranks
 def test_fsdp2_on_cpu_with_gloo_matches_one_process(two_ranks, one_rank):
     run_dir = only_run(two_ranks / "fsdp")
     assert result(run_dir)["training"]["parallel"]["mode"] == "fsdp"
@@ -140,6 +145,7 @@ def test_fsdp2_on_cpu_with_gloo_matches_one_process(two_ranks, one_rank):
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+@pytest.mark.slow  # two_ranks
 def test_resume_at_another_world_size(two_ranks, one_rank, mode):
     # the checkpoints hold full, name-keyed weights and optimizer state: two processes killed at step 6 ->
     # resumed by one; one process killed at 6 -> resumed by two (under FSDP: sharded from the full state)
@@ -158,6 +164,7 @@ def test_resume_at_another_world_size(two_ranks, one_rank, mode):
     assert done.record.to_dict()["metrics"] == result(one_rank["rope"])["metrics"]
 
 
+@pytest.mark.slow  # two_ranks
 def test_sharded_evaluation_equals_one_process(two_ranks):
     mine = evaluate_fixed_model({"encoding": "rope", "sets": ["task.eval_samples=6"]})
     for theirs in outputs(two_ranks, "eval"):               # every rank gathers the whole result
@@ -166,6 +173,7 @@ def test_sharded_evaluation_equals_one_process(two_ranks):
         assert theirs["nll"] == mine["nll"] and theirs["scored"] == mine["scored"]   # bitwise: same batches
 
 
+@pytest.mark.slow  # torchrun: two fresh processes
 def test_torchrun_command_line(tmp_path):
     """``python -m torch.distributed.run --nproc_per_node 2 -m posbench run ...``: one result, printed once."""
     out = tmp_path / "out"
@@ -235,6 +243,7 @@ sys.exit(main(["run", "-e", "rope", "-t", "arithmetic", "-p", "tiny", "--device"
 """
 
 
+@pytest.mark.slow  # two ranks, one waits for its timeout
 def test_a_frozen_rank_ends_the_job_in_one_line_naming_it(tmp_path):
     """Rank 1 is SIGSTOPped mid-training; rank 0's next collective times out (POSBENCH_DIST_TIMEOUT=5 s) and
     it stops with one line naming rank 1 and exit code 1 (on main it waited torch's 30 minutes)."""

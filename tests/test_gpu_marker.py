@@ -15,6 +15,7 @@ TESTS = Path(__file__).resolve().parent
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine nothing is skipped")
+@pytest.mark.slow  # pytest in a fresh process
 def test_a_checkout_in_a_folder_named_gpu_runs_its_tests(tmp_path):
     folder = tmp_path / "gpu" / "tests"
     folder.mkdir(parents=True)

@@ -45,6 +45,7 @@ def jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow                                      # the whole call: its ten phases on a tiny model
 @pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
 def test_the_gpu_call_runs_end_to_end_on_the_cpu(tmp_path):
     done = run_call(tmp_path)
@@ -84,19 +85,24 @@ def test_the_gpu_call_runs_end_to_end_on_the_cpu(tmp_path):
     assert "test_gpu_first.py" in tests and "test_gpu.py" in tests and "skipped" in tests   # no CUDA here
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
-def test_the_call_stays_within_its_budget_and_says_what_it_skipped(tmp_path):
+def test_the_phases_fit_the_calls_budget():
     text = SCRIPT.read_text()
     assert "BUDGET=${BUDGET:-560}" in text                       # the 10 minutes a command may take, less 40 s
     limits = [int(n) for n in re.findall(r"^(?:tests|bench|arithmetic) \S+ (\d+) ", text, re.M)]
     # every phase but the last (the paper-size arithmetic run, if time is left) fits with the environment's ~40 s
     assert len(limits) == 10 and sum(limits[:-1]) <= 560 - 40       # (41 and 42 s on the H200, 2026-11-28)
+
+
+@pytest.mark.slow                                      # the whole call again (its environment phase runs)
+@pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
+def test_the_call_stays_within_its_budget_and_says_what_it_skipped(tmp_path):
     done = run_call(tmp_path, BUDGET="14")                       # less than any phase needs: every one skipped
     assert done.returncode == 0, done.stdout + done.stderr
     log = (tmp_path / "out" / "run.log").read_text()
     assert log.count(": skipped, ") == 10 and "done in" in log
 
 
+@pytest.mark.slow                                      # the call up to its benches
 @pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
 def test_a_kill_at_a_random_moment_keeps_every_finished_cell(tmp_path):
     """kill -9 of the whole call at a random moment once the benches have begun: every cell a bench had finished
@@ -171,6 +177,7 @@ def test_a_hit_recompile_limit_is_an_error_not_an_eager_fallback():
             compiled(torch.ones(2), 3)               # a new int: a second entry, past the limit of 1
 
 
+@pytest.mark.slow                                      # 13 encodings compiled (test_compile.py: each alone)
 def test_a_compiled_cpu_bench_times_every_encoding_in_turns_each_one_compiled(monkeypatch, tmp_path):
     """Compiled on a CPU, the encodings are timed one step of each in turn (a neighbour process slows all alike;
     one at a time, NoPE read 1.94x RoPE in one run and 0.79x in another), after each was compiled and warmed up on
@@ -218,6 +225,7 @@ def test_the_gpu_call_benches_every_registered_encoding_once_cope_and_dape_last(
     assert order(["dape", "rope", "cope", "zeta"]) == ["rope", "zeta", "cope", "dape"]
 
 
+@pytest.mark.slow  # two fresh processes
 def test_the_printed_order_is_what_the_script_passes_to_bench():
     printed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "encoding_order.py")],
                              capture_output=True, text=True, timeout=120, cwd=ROOT, check=True).stdout.strip()

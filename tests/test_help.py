@@ -110,6 +110,7 @@ def test_the_synopses_name_every_option_of_every_command_and_no_other():
         assert shown.get(name) == takes, (name, sorted(takes ^ shown.get(name, set())))
 
 
+@pytest.mark.slow  # posbench --help, a fresh process
 def test_the_command_list_puts_each_summary_on_one_line_when_it_fits():
     """``posbench --help`` wraps a command's summary at the terminal's width, never where its docstring's lines end
     (issue 36, item 6)."""

@@ -44,6 +44,7 @@ def llama_dir(tmp_path_factory):
 EXTEND = ("--length", 128, "--data", "stdlib", "--preset", "tiny", "-q")
 
 
+@pytest.mark.slow  # an extend run per method, then the tasks
 def test_extend_each_method_then_perplexity_passkey_and_compare(llama_dir, tmp_path, capsys):
     out = tmp_path / "results"
     for method in METHODS:

@@ -118,6 +118,7 @@ def load_elsewhere(jobs: list[tuple[str, str, str]], x: torch.Tensor, tmp_path: 
 
 # ---- item 3: every extend run exports with its method intact ---------------------------------------------------
 
+@pytest.mark.slow  # `made`: an extend run per method
 def test_every_extend_run_exports_to_plain_transformers_with_its_method(made, tmp_path):
     x = tokens(120)
     # first without posbench's code (its remote-code file, once run, registers the TAPE model type)
@@ -145,6 +146,7 @@ def test_every_extend_run_exports_to_plain_transformers_with_its_method(made, tm
     assert (loaded["tape-as-llama"][1] - loaded["tape"][1]).abs().max() > 1e-4
 
 
+@pytest.mark.slow  # `made`: an extend run per method
 def test_an_extended_export_says_its_context_and_tokens_and_is_an_init(made):
     from posbench.hf.tape_model import MODEL_TYPE
     from posbench.results import frame
@@ -252,6 +254,7 @@ def run_lm_eval(directory: Path, tasks: Path, out: Path, batch: int,
                             cwd=out.parent)
 
 
+@pytest.mark.slow  # lm-eval in a fresh process
 def test_lm_eval_evaluates_a_rope_a_tape_and_an_extended_export_as_posbench_does(made, tmp_path):
     """``lm_eval --model hf`` (the command line, offline, a local task) on each export: loglikelihood_rolling
     gives bits per byte equal to posbench's own log-likelihood of the texts, and generate_until gives the text
@@ -286,6 +289,7 @@ def generations(out: Path) -> dict[str, str]:
 
 # ---- item 2: padded batches -------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # lm-eval in a fresh process, twice
 def test_lm_eval_generates_a_tape_export_at_batch_size_4_as_at_batch_size_1(tmp_path, capsys):
     """generate_until on a TAPE export at batch size 4 (lm-eval pads the four prompts, of 6 to 20 bytes, on the
     left) and 1 gives the same generations. The model has large weights (``test_hf_export.fake_run``: init std
@@ -334,6 +338,7 @@ WARNINGS_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # a fresh process
 def test_extend_llama_evaluations_and_a_tape_export_generate_without_a_deprecation_warning(made, tmp_path):
     """In a fresh process with the warnings a user sees (and posbench's own deprecated calls made errors): an
     extend run, perplexity of an extended and of a plain Llama, and transformers' generate (cached and not) on a

@@ -216,6 +216,7 @@ def test_hf_cache_prefix_then_suffix_equals_one_pass(tmp_path, capsys):
     assert_close(torch.cat(parts, 1), logits(hf, x))
 
 
+@pytest.mark.slow  # a fresh process
 def test_trust_remote_code_loads_an_export_without_importing_posbench_first(tmp_path, capsys):
     """In a fresh process that has not imported posbench, the export loads only with trust_remote_code=True (its
     two small files import posbench), to posbench's logits."""
@@ -425,6 +426,7 @@ def test_an_exported_tape_model_is_an_init_that_scores_as_its_run(runs, tmp_path
     assert scores["export"] == scores["run"]
 
 
+@pytest.mark.slow  # a fresh process
 def test_export_prints_one_line_and_no_library_bars(tmp_path):
     """``posbench export`` says what it wrote in one line; transformers' shard bar is not printed (issue 36,
     item 7)."""
@@ -441,6 +443,7 @@ def test_export_prints_one_line_and_no_library_bars(tmp_path):
     assert (proc.stdout + proc.stderr).strip().count("\n") == 0 and "shards" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow  # pretrain, export, extend
 def test_an_extension_of_a_posbench_rope_export_is_labelled_by_its_encoding(tmp_path):
     """An extend run from a posbench RoPE export (a plain Llama directory) is ``rope+tape``, not ``llama+tape``,
     the label of an extension of a real Llama (issue 36, item 7)."""

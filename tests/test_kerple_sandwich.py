@@ -336,6 +336,7 @@ def test_both_train_on_arithmetic(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("encoding", ["kerple", "sandwich"])
+@pytest.mark.slow  # a run per long task
 def test_pretrain_then_every_long_task(encoding, tmp_path, capsys):
     """pretrain from scratch, then perplexity, passkey and scrolls from its checkpoint (ruler's tiny preset
     runs every encoding in tests/test_ruler_task.py)."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "posbench"
 
 
@@ -100,6 +102,7 @@ def test_the_layers_only_import_downwards():
                 if t.startswith("posbench.cli")}
 
 
+@pytest.mark.slow  # fresh processes, each a run
 def test_a_plain_run_never_enters_the_hugging_face_package(tmp_path):
     """A posbench run from scratch (and one from another posbench run with --init) imports no ``posbench.hf``
     module: the Hugging Face layer is entered only for a pretrained model."""
@@ -190,6 +193,7 @@ def test_the_layer_check_finds_an_import_that_goes_up():
     assert upward == ["posbench.errors -> posbench.cli.app"]
 
 
+@pytest.mark.slow  # three fresh processes
 def test_the_model_and_the_encodings_import_in_either_order():
     """The encodings import ``posbench.model.bias`` and ``posbench.model.generate``, and the model the encodings'
     registry: whichever is imported first, in a fresh interpreter, both load and build a model."""

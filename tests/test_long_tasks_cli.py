@@ -29,6 +29,7 @@ def results(tmp_path_factory):
     return tmp_path_factory.mktemp("long_results")
 
 
+@pytest.mark.slow  # a run per long task
 def test_pretrain_then_every_long_task_then_compare(results, capsys, tmp_path):
     out = str(results)
     code, stdout, stderr = _run(capsys, "run", "-e", "rope", "-t", "pretrain", "-p", "tiny", "-o", out, "-q")

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import posbench
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +73,7 @@ def assert_compared(output: str, seeds_of_learned: int) -> None:
         assert re.search(r"learned .*±", output), output
 
 
+@pytest.mark.slow  # the docs' commands, each a fresh process
 def test_a_file_dropped_into_each_folder(tmp_path):
     site = tmp_path / "site"
     shutil.copytree(PACKAGE, site / "posbench", ignore=shutil.ignore_patterns("__pycache__"))
@@ -89,6 +92,7 @@ def test_a_file_dropped_into_each_folder(tmp_path):
     assert not (PACKAGE / "encodings" / "learned.py").exists() and not (PACKAGE / "tasks" / "copy_task.py").exists()
 
 
+@pytest.mark.slow  # the docs' commands, each a fresh process
 def test_modules_named_with_plugins_and_the_environment_variable(tmp_path):
     (tmp_path / "learned.py").write_text(doc_file("learned.py"))
     (tmp_path / "copy_task.py").write_text(doc_file("copy_task.py"))
@@ -102,6 +106,7 @@ def test_modules_named_with_plugins_and_the_environment_variable(tmp_path):
     assert re.search(r"learned .*plugin \(learned\)", " ".join(listed.split())), listed
 
 
+@pytest.mark.slow  # the docs' commands, each a fresh process
 def test_entry_points_of_an_installed_package(tmp_path):
     site = tmp_path / "site"
     package = site / "my_package"

@@ -83,6 +83,7 @@ def one_by_one_accuracy(model, examples) -> float:
     return 100 * correct / len(examples)
 
 
+@pytest.mark.slow  # 40 steps and the evaluation
 def test_the_recorded_value_is_the_accuracy_of_the_model_at_that_step(tmp_path):
     cfg = resolve_run_config("arithmetic", "rope", "tiny", sets=TINY + ["probe_every=10", "steps=40", "lr=1e-2"])
     runner.execute(cfg, tmp_path)

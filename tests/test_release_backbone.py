@@ -369,7 +369,7 @@ def test_the_check_would_see_a_missing_injection(recurrent):
     """The guard for the recurrence: with ``input_injection`` off (the blocks then run twice on the embeddings,
     no re-injection), the logits differ from the release's by more than 0.1."""
     model, release, _ = built(recurrent, "nope", 2)
-    plain = posbench_model("nope", 2, input_injection=False).double().eval()
+    plain = posbench_model("nope", 2, input_injection=False, state_std=0.0).double().eval()
     plain.load_state_dict(model.state_dict())
     x = tokens("nope")
     with torch.no_grad():

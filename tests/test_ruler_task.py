@@ -94,7 +94,8 @@ def test_evaluation_examples_never_meet_the_training_ones():
     assert not {p[:400] for p in train} & {p[:400] for p in evaluation}
 
 
-@pytest.mark.parametrize("encoding", sorted(n for n in ENCODINGS if n not in ("abacus",)))
+@pytest.mark.parametrize("encoding", [  # RoPE's run in the fast tier, every other encoding's in the slow one
+    pytest.param(n, marks=() if n == "rope" else pytest.mark.slow) for n in sorted(ENCODINGS) if n != "abacus"])
 def test_every_encoding_runs_the_tiny_preset(encoding, tmp_path, capsys):
     assert main(["run", "-e", encoding, "-t", "ruler", "-p", "tiny", "-q", "-o", str(tmp_path)]) == 0, \
         capsys.readouterr().err
@@ -103,6 +104,7 @@ def test_every_encoding_runs_the_tiny_preset(encoding, tmp_path, capsys):
     assert record["n_predictions"] == 2 * 2 * 2 * 1 and record["primary_metric"] == "ruler"
 
 
+@pytest.mark.slow  # two runs, compare with figures
 def test_compare_pairs_examples_and_draws_every_kind(tmp_path, capsys):
     for encoding in ("rope", "alibi"):
         assert main(["run", "-e", encoding, "-t", "ruler", "-p", "tiny", "-q", "-o", str(tmp_path / "runs"),

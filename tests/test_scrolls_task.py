@@ -91,6 +91,7 @@ def test_tiny_end_to_end_run(tmp_path):
     assert torch.isfinite(torch.tensor([m["value"] for m in r["metrics"].values()])).all()
 
 
+@pytest.mark.slow  # a run, killed, resumed
 def test_a_killed_run_resumes_its_fine_tuning_and_skips_finished_data_sets(tmp_path):
     """Each data set's fine-tuning is a checkpointed phase: killed in the middle of the second one, the run
     resumes there (the first data set's saved outcome is kept, not recomputed) and ends exactly as an

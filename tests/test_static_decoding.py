@@ -19,10 +19,19 @@ from encoding_helpers import BUILTIN, assert_close, tiny, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread", "fresh_dynamo")
 
+#: one encoding of each way an encoding enters attention, the four the GPU call's CPU rehearsal benches: rotated
+#: queries and keys (RoPE), an element-wise bias (ALiBi), a bias from q and k (CoPE), TAPE's tensor state. The fast
+#: tier compiles these; the slow one every other built-in encoding too.
+FAMILY = ("rope", "alibi", "cope", "tape")
+
+
+def by_family(encodings) -> list:
+    return [pytest.param(e, marks=() if e in FAMILY else pytest.mark.slow) for e in encodings]
+
 NEW = 32
 
 
-@pytest.mark.parametrize("encoding", BUILTIN)
+@pytest.mark.parametrize("encoding", by_family(BUILTIN))
 def test_compiled_decoding_of_32_tokens_compiles_once_and_equals_recomputation(encoding):
     model = tiny(encoding, max_seq_len=32).eval()
     prompt = tokens(2, 6)

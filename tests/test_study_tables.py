@@ -47,7 +47,14 @@ FOLDERS = {"fixture": FIXTURE, **{study: folder for study, (folder, _) in PAGES.
 PROBED = [study for study in FOLDERS if study != "cpu-v1"]
 
 
-@pytest.mark.parametrize("study", FOLDERS)
+def fixture_fast(studies) -> list:
+    """The studies as parameters, each published study's marked slow: compare's bootstrap over 39 to 72 cells takes
+    minutes (the two arithmetic studies, with 10,000 paired examples a cell, about three each); the fixture's
+    tables check the same code in seconds in the fast tier."""
+    return [pytest.param(study, marks=() if study == "fixture" else pytest.mark.slow) for study in studies]
+
+
+@pytest.mark.parametrize("study", fixture_fast(FOLDERS))
 def test_committed_tables_are_what_compare_prints(study):
     page = FOLDERS[study]
     assert (page / publish.RUNS).is_dir(), f"{page} has no committed runs"
@@ -176,6 +183,7 @@ def test_a_page_quotes_the_per_cell_table_from_every_run():
     assert committed.count("## Every run") == 1 and "(seed 1" in publish.sections(committed)["runs"]
 
 
+@pytest.mark.slow  # compare three times
 def test_a_changed_result_file_changes_the_table(tmp_path):
     runs = shutil.copytree(FIXTURE / publish.RUNS, tmp_path / publish.RUNS)
     result = runs / "perplexity-alibi-tiny-s0" / "result.json"
@@ -199,6 +207,7 @@ def fake_sweep(root: Path, finished: list[str], unfinished: list[str]) -> Path:
     return root
 
 
+@pytest.mark.slow  # publish: tables, figures, report
 def test_publish_copies_finished_cells_once_and_leaves_checkpoints(tmp_path):
     sweep = fake_sweep(tmp_path / "sweep", ["passkey-rope-tiny-s0", "perplexity-rope-tiny-s1"], ["passkey-alibi-tiny-s0"])
     page = tmp_path / "page"
@@ -215,6 +224,7 @@ def test_publish_copies_finished_cells_once_and_leaves_checkpoints(tmp_path):
     assert (page / "report.html").is_file() and any((page / "figures").glob("*.png"))
 
 
+@pytest.mark.slow  # compare twice, gzipped and plain
 def test_large_predictions_are_published_gzipped_and_read_back_alike(tmp_path, monkeypatch):
     """Over GZIP_ABOVE bytes, predictions.jsonl is kept as predictions.jsonl.gz (the same bytes decompressed, the same
     file every time); compare pairs examples from it as from the plain file, and restore.py writes the plain file
@@ -259,8 +269,9 @@ def test_publish_errors_are_one_line(tmp_path, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and "cells/" in err
 
 
-@pytest.mark.parametrize("study, cells", [("cpu.toml", 72), ("cpu-v1.toml", 72), ("arithmetic-cpu.toml", 39),
-                                          ("arithmetic-cpu-8k.toml", 39)])
+@pytest.mark.parametrize("study, cells", [  # each a fresh process; one in the fast tier
+    pytest.param("cpu.toml", 72, marks=pytest.mark.slow), pytest.param("cpu-v1.toml", 72, marks=pytest.mark.slow),
+    ("arithmetic-cpu.toml", 39), pytest.param("arithmetic-cpu-8k.toml", 39, marks=pytest.mark.slow)])
 def test_the_cpu_study_file_plans_every_cell(study, cells):
     """The CPU study files are valid sweep studies: 12 encodings x 2 tasks x 3 seeds (arithmetic: 13 x 1 x 3), every
     cell's settings checked; the arithmetic study at 8,000 steps likewise."""
@@ -291,6 +302,7 @@ def test_restore_puts_published_cells_back_where_a_sweep_finds_them_finished(tmp
     assert proc.stdout.count("│ complete │") == len(cells)
 
 
+@pytest.mark.slow  # compare over both CPU studies
 def test_committed_changes_from_v1_are_the_means_of_both_versions():
     import changes  # noqa: E402  (a script of studies/)
 
@@ -314,6 +326,7 @@ def test_changes_are_the_difference_of_the_means(tmp_path):
     assert "| +1.50 | 2 / 2 |" in [line for line in section.splitlines() if line.startswith("| alibi")][0]
 
 
+@pytest.mark.slow  # compare (a bootstrap) four times
 def test_a_verdict_that_moved_is_listed_with_both_differences(tmp_path):
     """Against itself no verdict moves; ALiBi's ppl_2x raised to RoPE's plus 5.0 and 5.2 (seeds 0, 1) becomes worse
     than RoPE by 5.1 (the mean of the paired differences), and only that pair is listed against RoPE."""

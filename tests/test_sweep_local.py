@@ -48,6 +48,7 @@ def runs(out):
     return sorted(p.parent for p in out.rglob("result.json"))
 
 
+@pytest.mark.slow  # sweeps of cells, each a fresh process
 def test_chained_cells_a_failure_its_dependent_and_reruns(tmp_path, capsys):
     study = tmp_path / "chain.toml"
     study.write_text(CHAIN)
@@ -89,6 +90,7 @@ def test_chained_cells_a_failure_its_dependent_and_reruns(tmp_path, capsys):
     assert "error: non-finite" in row(shown, "pretrain-rope-tiny-bad-s0") and runs(out) == before
 
 
+@pytest.mark.slow  # a sweep of cells, each a fresh process
 def test_a_killed_cell_is_resumed_in_place(tmp_path, capsys):
     study = tmp_path / "study.toml"
     study.write_text('encodings = ["rope"]\ntasks = ["arithmetic"]\npresets = ["tiny"]\n'

@@ -8,6 +8,8 @@ import fcntl
 import json
 from pathlib import Path
 
+import pytest
+
 from posbench.cli import main
 from posbench.cli.sweep import statuses
 from posbench.sweep.plan import expand
@@ -52,6 +54,7 @@ def test_a_finished_cells_time_is_its_runs_own(tmp_path):
         assert finished(cell, state, run, "log", "").seconds == 12.5
 
 
+@pytest.mark.slow  # a sweep, each cell a fresh process
 def test_a_rerun_shows_the_same_time_for_a_finished_cell(tmp_path, capsys):
     path = study(tmp_path)
     out = tmp_path / "out"

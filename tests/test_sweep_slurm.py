@@ -28,6 +28,10 @@ from posbench.cli import main
 
 from slurm_cluster import SlurmCluster, install_packages
 
+# real SLURM daemons and two sweeps of 200-step cells: the slow tier; one worker runs the module (its cluster is
+# made once, and no other test starts one)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+
 STUDY = """
 encodings = ["rope", "alibi"]
 tasks = ["arithmetic"]

@@ -206,10 +206,13 @@ def backends_agree(name: str, model, context: dict[str, Any], vocab: int, x: tor
 def recurrent_backbone(name: str, context: dict[str, Any], vocab: int, x: torch.Tensor) -> str:
     """The encoding on the depth-recurrent backbone (``RECURRENT``): every trainable parameter reaches the loss, no
     later token changes an earlier logit, and cached decoding equals recomputation through both passes."""
-    model = build(name, context, vocab, "eager", backbone=RECURRENT)
+    from posbench.encodings import ENCODINGS
+
+    passes = 1 if ENCODINGS.get(name).one_pass else RECURRENT["recurrences"]       # TAPE: one pass only
+    model = build(name, context, vocab, "eager", backbone={**RECURRENT, "recurrences": passes})
     trains(model, vocab)
     causal(model, x, vocab)
-    return f"2 recurrences; cache: {cache_equals_recomputation(model, x)}"
+    return f"{passes} recurrence(s); cache: {cache_equals_recomputation(model, x)}"
 
 
 def cache_equals_recomputation(model, x: torch.Tensor) -> str:

@@ -108,6 +108,9 @@ class Abacus(PositionalEncoding):
 
     @classmethod
     def check_options(cls, options) -> None:
+        if options["fire_init_l"] and options["attention_bias"] != "fire":
+            raise OptionError("encoding 'abacus' option fire_init_l sets FIRE's L, which only attention_bias=fire "
+                              "adds: set encoding.attention_bias=fire, or leave fire_init_l at 0")
         ids = options["digit_ids"]
         if not ids:
             raise OptionError("encoding 'abacus' needs digit_ids (the token ids of the digits 0-9), which "

@@ -94,6 +94,9 @@ class PositionalEncoding(Configurable, nn.Module):
     description: ClassVar[str] = ""
     #: ``bias`` returns a tensor computed from q and k: attention runs on eager or SDPA only
     bias_from_qk: ClassVar[bool] = False
+    #: the encoding runs on one pass of the blocks only (TAPE: the state after the last layer is discarded, so that
+    #: layer's update is frozen and skipped, which a second pass would need): a model of more recurrences is refused
+    one_pass: ClassVar[bool] = False
     #: the options only a task can give (set automatically: those declared ``Option(..., from_task=True)``)
     task_context: ClassVar[tuple[str, ...]] = ()
     #: the options a task may give (``Option(..., from_task=True, task_optional=True)``): kept at their default

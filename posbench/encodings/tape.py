@@ -95,6 +95,7 @@ def untie(state: Tensor) -> Tensor:
 
 class TAPE(PositionalEncoding):
     name = "tape"
+    one_pass = True           # the last layer's update is frozen and skipped: it would feed a second pass
     description = "contextualised equivariant positional encoding (RoPE-initialised state updated per layer)"
     OPTIONS = {
         "position_size": Option(0, "I, the width of the MLP-side update (0: 4 x heads)", at_least(0)),

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from posbench.files import json_object
-from posbench.model.config import BACKBONE, ModelConfig
+from posbench.model.config import BACKBONE, ModelConfig, current_names
 from posbench.hf.export_dir import ExportError, building, check_target
 
 FORMAT = 1
@@ -267,7 +267,7 @@ def load_export(directory: str | Path, device: str | torch.device = "cpu"):
     from posbench.model import ModelConfig, Transformer
 
     exported = read_export(directory)
-    model = Transformer(ModelConfig(**exported.model_config))
+    model = Transformer(ModelConfig(**current_names(exported.model_config)))
     try:
         model.load_state_dict(exported.state_dict, strict=True)
     except RuntimeError as exc:

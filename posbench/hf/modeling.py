@@ -139,6 +139,11 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
             from transformers import DynamicCache
 
             cache = DynamicCache(config=self.config)
+        # a looped model (posbench's recurrences) keeps one cache layer per block and pass, more than the config's
+        # num_hidden_layers, which a cache made from the config (here, or by generate) holds
+        layers, need = getattr(cache, "layers", None), self.model.config.n_layers * self.model.config.depth
+        if isinstance(layers, list) and layers and len(layers) < need:
+            layers.extend(type(layers[-1])() for _ in range(need - len(layers)))
         view = CacheView(cache, self.model.config.n_layers * self.model.config.depth) if cache is not None else None
         if attention_mask is not None:              # its last columns are this call's tokens; a cache has the rest
             attention_mask = attention_mask[:, -input_ids.shape[1]:]

@@ -12,6 +12,15 @@ from posbench.options import OneOf, OptionError, at_least, check_fields, option,
 BACKBONE = ("norm", "norm_position", "mlp", "embedding_norm", "head_mlp", "recurrences", "eval_recurrences",
             "input_injection", "state_std", "init_scheme")
 
+#: settings read under their current name: a run recorded at commit 30fcda1 (the protocols study's first cells) says
+#: ``init`` for ``init_scheme``, renamed because ``run --init`` is another thing
+RENAMED = {"init": "init_scheme"}
+
+
+def current_names(model: dict[str, Any]) -> dict[str, Any]:
+    """A recorded model section with every renamed setting under its current name."""
+    return {RENAMED.get(key, key): value for key, value in model.items()}
+
 
 @dataclass
 class ModelConfig:
@@ -56,6 +65,9 @@ class ModelConfig:
         check_fields(self, "model")
         if self.d_ff <= 0:
             self.d_ff = 4 * self.d_model
+        if self.state_std > 0 and not self.input_injection:
+            raise OptionError(f"model: state_std {self.state_std:g} draws the initial state that input_injection "
+                              f"adds the embeddings to; set model.input_injection=true, or leave state_std at 0")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise OptionError(f"model: d_model {self.d_model} must split into {self.n_heads} heads of even size")
 

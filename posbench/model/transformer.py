@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from posbench.model.attention import attend, slot_attention
 from posbench.model.bias import ScoreBias, table_rows
 from posbench.model.config import ModelConfig
+from posbench.options import OptionError
 from posbench.model.generate import (Decoder, KVCache, LayerCache, StaticCache, StaticLayerCache, greedy_generate,
                                      shared_rows)
 from posbench.model.padding import PAD_TOKEN, check_continuation, mask_positions, real_tokens
@@ -188,6 +189,9 @@ class Transformer(nn.Module):
             encoding = ENCODINGS.get(cfg.encoding)(cfg.n_layers, cfg.n_heads, cfg.head_dim, cfg.d_model,
                                                    cfg.max_seq_len, **cfg.encoding_options)
         self.encoding = encoding
+        if cfg.depth > 1 and encoding.one_pass:
+            raise OptionError(f"encoding '{encoding.name}' runs on one pass of the blocks (its state after the last "
+                              f"layer is discarded): model.recurrences and model.eval_recurrences must be 1 with it")
         cfg.encoding_options = self.encoding.options   # every resolved option, recorded (the same dict: an option
                                                        # a legacy checkpoint changes as it loads shows in the record)
         self.config = cfg

@@ -27,6 +27,7 @@ from typing import Any
 
 from posbench import options as opts
 from posbench.errors import ConfigError
+from posbench.model.config import RENAMED, current_names
 from posbench.runs.init import InitSource, resolve_init
 
 __all__ = ["ConfigError", "RunConfig", "resolve_run_config", "with_source", "apply_overrides"]
@@ -72,6 +73,9 @@ class RunConfig:
             raise ConfigError(f"run config lacks {', '.join(sorted(missing))}")
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
+        for key in ("model", "model_config"):           # a setting recorded under an older name: its current one
+            if isinstance(values.get(key), dict):
+                values[key] = current_names(values[key])
         if isinstance(values.get("source"), dict):
             values["source"] = InitSource.from_dict(values["source"])
         values.setdefault("encoding", None)
@@ -110,6 +114,8 @@ def locate_key(sections: dict[str, dict[str, Any]], raw_key: str, origin: str = 
     if "." in raw_key:
         section, key = raw_key.split(".", 1)
         section = SECTION_SYNONYMS.get(section, section)
+        if section == "model":
+            key = RENAMED.get(key, key)
         if section not in sections:
             raise ConfigError(f"{origin} {raw_key}: unknown section '{section}'; sections: {', '.join(SECTIONS)}")
         if key not in sections[section]:

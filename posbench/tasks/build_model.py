@@ -18,6 +18,7 @@ def build_model(task: Any) -> tuple[nn.Module, dict[str, Any] | None]:
     """``(model, init record)`` for ``task``'s configuration (a resumed run's own checkpoint is loaded over
     it when its training resumes)."""
     from posbench.model import ModelConfig, Transformer
+    from posbench.model.config import current_names
 
     config, source = task.config, task.source
     if source is None:
@@ -26,7 +27,7 @@ def build_model(task: Any) -> tuple[nn.Module, dict[str, Any] | None]:
         from posbench.hf.adapter import load_pretrained
 
         return load_pretrained(source, config, task.vocab_size())
-    model_dict = {k: v for k, v in source.model.items() if k in ModelConfig.__dataclass_fields__}
+    model_dict = {k: v for k, v in current_names(source.model).items() if k in ModelConfig.__dataclass_fields__}
     model_dict.update({k: v for k, v in config.model.items() if k in model_dict})
     model_dict["encoding_options"] = dict(config.encoding_options)
     model_cfg = ModelConfig(**model_dict)

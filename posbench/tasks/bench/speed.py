@@ -66,8 +66,11 @@ def matmul_parameters(model: torch.nn.Module) -> int:
 
 
 def flops_per_token(model: torch.nn.Module, length: int, mode: str) -> float:
+    """Training FLOPs per token (a forward pass: a third); the blocks count once per recurrence they run."""
     cfg = model.config
-    train = 6 * matmul_parameters(model) + 12 * cfg.n_layers * cfg.d_model * length
+    passes = cfg.recurrences if mode != "forward" else (cfg.eval_recurrences or cfg.recurrences)
+    blocks = sum(p.numel() for p in model.blocks.parameters())
+    train = 6 * (matmul_parameters(model) + (passes - 1) * blocks) + 12 * passes * cfg.n_layers * cfg.d_model * length
     return train / 3 if mode == "forward" else train
 
 

@@ -29,7 +29,7 @@ class Pretrain(CorpusTask):
         tokens = self.eval_tokens().tokens
         bar = reporter.task("eval", total=1, unit="length") if reporter else None
         res = evaluate_ppl(model, tokens, self.train_length, "chunks", batch_size=self.opts["eval_batch_size"],
-                           device=device)
+                           device=device, start_token=self.start_token)
         if bar:
             bar.update(1)
             bar.close()
