@@ -1,4 +1,8 @@
+import json
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,7 +46,59 @@ def shares_a_module_fixture(item) -> bool:
     return any(d and d[-1].scope in ("module", "class", "package") for d in defs)
 
 
-@pytest.hookimpl(tryfirst=True)      # before xdist reads the xdist_group marks
+#: a folder the main process makes for a run with workers: each worker writes there the group of each test that has
+#: one, and the scheduler below reads it
+GROUPS = "POSBENCH_TEST_GROUPS"
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        config.posbench_groups = os.environ[GROUPS] = tempfile.mkdtemp(prefix="posbench-test-groups-")
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "posbench_groups", None)       # this process's own (a pytest a test starts inherits it)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        if os.environ.get(GROUPS) == folder:
+            del os.environ[GROUPS]
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Each test is a unit of work, sent to whichever worker is free, except the tests of one ``xdist_group``: one
+    unit, one worker, in turn. Units go out in the order collected (the slow tests first).
+
+    xdist's own ``--dist loadgroup`` passes a test's group to the scheduler inside its node id, which pytest 9.2
+    no longer lets a plugin change: it silently stops grouping (pytest-dev/pytest-xdist#1386). The groups travel
+    here through files instead."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    folder = os.environ.get(GROUPS)
+    if not folder:
+        return None
+    config.option.loadscopereorder = False          # xdist would put the units with the most tests first
+
+    class GroupScheduling(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:                 # first called once every worker has collected (and written)
+                self.groups = {}
+                for path in Path(folder).glob("*.json"):
+                    self.groups.update(json.loads(path.read_text()))
+            return self.groups.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
+
+
+def group_of(item) -> str | None:
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    return "_".join(names) or None
+
+
+@pytest.hookimpl(tryfirst=True)      # before xdist's own hook (it renames grouped tests, where pytest lets it)
 def pytest_collection_modifyitems(config, items):
     # the slow tests first (a stable sort), so that with workers they start early and the fast ones fill in
     # around them: the whole run ends with short tests, not one worker finishing a long one alone
@@ -54,6 +110,12 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("gpu") is not None:
                 item.add_marker(pytest.mark.xdist_group("gpu"))
+    if hasattr(config, "workerinput") and os.environ.get(GROUPS):
+        groups = {item.nodeid: group for item in items if (group := group_of(item)) is not None}
+        path = Path(os.environ[GROUPS]) / f"{config.workerinput['workerid']}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(groups))
+        path.with_suffix(".tmp").replace(path)
+    if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:

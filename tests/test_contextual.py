@@ -328,14 +328,8 @@ def encoding_tasks() -> list[str]:
                   and TASKS[n].model_source.encodings() is ENCODINGS)
 
 
-def every_task_but_ruler() -> list:
-    """``encoding_tasks()`` less ruler, whose tiny run of every encoding, CoPE and DAPE included, is
-    tests/test_ruler_task.py's; pretrain in the fast tier, each other task a whole run in the slow one."""
-    return [pytest.param(task, marks=() if task == "pretrain" else pytest.mark.slow)
-            for task in encoding_tasks() if task != "ruler"]
-
-
-@pytest.mark.parametrize("task", every_task_but_ruler())
+@pytest.mark.slow  # a whole run per task (the fast tier runs CoPE's and DAPE's models, not their runs)
+@pytest.mark.parametrize("task", [task for task in encoding_tasks() if task != "ruler"])   # ruler: test_ruler_task.py
 @pytest.mark.parametrize("encoding", ["cope", "dape"])
 def test_trains_on_every_task_with_the_tiny_preset(encoding, task, tmp_path, capsys, monkeypatch):
     from pathlib import Path

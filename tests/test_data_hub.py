@@ -29,10 +29,17 @@ ADVERTISED = ["c4", "allenai/c4", "allenai/c4:en", "pg19", "proof-pile",
               "togethercomputer/RedPajama-Data-1T-Sample"]
 
 
+@pytest.fixture(scope="module")
+def hub_files(tmp_path_factory):
+    """The stand-in repositories, written once for the module (the same files every time; the tests only read)."""
+    root = tmp_path_factory.mktemp("hub")
+    return root, write_hub_standins(root)
+
+
 @pytest.fixture()
-def standins(tmp_path, monkeypatch):
-    made = write_hub_standins(tmp_path / "hub")
-    monkeypatch.setattr(hub, "HUB_ROOT", str(tmp_path / "hub"))
+def standins(hub_files, monkeypatch):
+    root, made = hub_files
+    monkeypatch.setattr(hub, "HUB_ROOT", str(root))
     return made
 
 

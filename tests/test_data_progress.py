@@ -15,6 +15,7 @@ from posbench.data.tokenizer import ByteTokenizer
 
 @pytest.fixture(autouse=True)
 def restore():
+    library_progress(True)          # as a fresh process has it, whatever an earlier test here left (a CLI -q run)
     yield
     library_progress(True)
 

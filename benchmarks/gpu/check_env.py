@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 MODULES = ["torch", "numpy", "typer", "click", "rich", "pydantic", "pydantic_core", "annotated_types",
-           "typing_inspection", "shellingham", "markdown_it", "pygments", "safetensors", "pytest",
+           "typing_inspection", "shellingham", "markdown_it", "pygments", "safetensors", "pytest", "xdist", "execnet",
            "posbench.cli", "posbench.model", "posbench.tasks.bench"]
 
 

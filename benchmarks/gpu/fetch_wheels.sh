@@ -23,6 +23,8 @@ download() {
 download typer==0.29.2 click==8.5.1 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0 \
   shellingham==1.5.4 annotated-doc==0.0.7 pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 \
   annotated-types==0.8.0 typing-extensions==4.16.0
+# pytest-xdist: pyproject's addopts pass -n to every pytest (tests/conftest.py runs `-m gpu` in one process)
+download pytest-xdist==3.8.0 execnet==2.1.2
 if [[ "${1:-}" == "--x-transformers" ]]; then
   download x-transformers==2.31.10 einx einops loguru frozendict torch-einops-utils
 fi
