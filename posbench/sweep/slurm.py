@@ -36,6 +36,7 @@ from posbench.errors import UserError
 from posbench.files import atomic_write_json, json_object
 from posbench.options import OptionError, at_least, declared, option, resolve
 from posbench.sweep.cell import SPEC_FILE, CellJob, is_locked
+from posbench.sweep.text import control_character, shown_list
 
 JOB_FILE = "job.json"
 #: an sbatch option's name, as ``[slurm] additional`` may give one (``exclusive``, ``mail-type``, ``mail_user``)
@@ -252,7 +253,6 @@ def job_parameters(o: SlurmOptions, spec: dict[str, Any]) -> dict[str, Any]:
 def one_line(value: str, where: str) -> str:
     """``value`` when it holds no control character; else one line refusing it (a newline in an sbatch option
     would make a line of its own in the job script, which bash runs as a command)."""
-    from posbench.sweep.study import control_character, shown_list
 
     found = control_character(value)
     if found:

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import re
 import tomllib
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from posbench.errors import ConfigError
 from posbench.options import declared, did_you_mean
+from posbench.sweep.text import control_character, shown_list
 
 TOP_KEYS = ("name", "encodings", "tasks", "seeds", "presets", "set", "variants", "task", "device", "slurm")
 TASK_KEYS = ("init", "set", "presets", "encodings")
@@ -158,12 +158,6 @@ def read_text(path: Path) -> str:
         raise StudyError(f"study file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def control_character(text: str) -> str | None:
-    """The first control character of ``text`` (a newline, a tab, a NUL, ...) as ``U+000A``, or None."""
-    found = next((c for c in text if unicodedata.category(c) == "Cc"), None)
-    return None if found is None else f"U+{ord(found):04X}"
-
-
 def no_control_characters(value: Any, where: str, key: str = "") -> None:
     """Every string of the study (keys and values, at any depth) without a control character: a newline in a
     ``[slurm]`` option, a name or a variant would be a line of its own in a SLURM job script."""
@@ -246,12 +240,6 @@ def seeds_of(value: Any, where: str) -> list[int]:
         again = next(v for i, v in enumerate(value) if v in value[:i])
         raise StudyError(f"{where}: seeds {shown_list(value)}: a seed is repeated ({again})")
     return list(value)
-
-
-def shown_list(value: Any, width: int = 60) -> str:
-    """``value`` as Python writes it, cut to ``width`` characters (a list of a thousand seeds stays one line)."""
-    text = repr(value)
-    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def check_no_cycle(tasks: list[TaskAxis], where: str) -> None:
