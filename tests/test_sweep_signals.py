@@ -189,9 +189,11 @@ def test_a_signal_to_the_sweep_ends_its_cells_and_prints_the_table(tmp_path, fak
     terminal's Ctrl-C reaches only the sweep: each cell leads a session of its own): both running cells end,
     group and all, each is recorded killed, and the sweep prints its table and exits non-zero."""
     out = tmp_path / "out"
+    # SIGINT at its default, as in a terminal: a test run in the background (a CI job under nohup, a shell's `&`)
+    # starts with SIGINT ignored, which its children inherit, and the sweep rightly leaves an ignored signal alone
     proc = subprocess.Popen([sys.executable, "-c", SWEEP_SCRIPT, str(fake_run), str(out)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         cells = [out / "cells" / f"task-enc-tiny-s{seed}" for seed in (0, 1)]
         started = [pids(cell) for cell in cells]
