@@ -154,3 +154,25 @@ def require(owner: str, name: str, *commits: str) -> Release:
     if missing:
         pytest.skip(f"release {owner}/{name} at {path} lacks commit(s) {', '.join(missing)}")
     return release
+
+
+def cramming_stubs(bert_base: type, omegaconf: types.SimpleNamespace) -> dict[str, types.ModuleType]:
+    """Stand-ins for the imports the arithmetic releases' ``cramming/architectures`` files make that the tests do not
+    exercise: einops (RotaryEleutherAI only), BERT's attention (``bert_base`` as its base class), transformers'
+    model registry (a ``PreTrainedModel`` that keeps its config, registrations that do nothing) and ``omegaconf``."""
+    import torch
+
+    class PreTrainedModel(torch.nn.Module):
+        def __init__(self, config, *args, **kwargs):
+            super().__init__()
+            self.config = config
+
+    auto = types.SimpleNamespace(register=lambda *args, **kwargs: None)
+    return {
+        "einops": stub("einops", repeat=None),
+        "transformers.models.bert.modeling_bert": stub("transformers.models.bert.modeling_bert",
+                                                       BertSelfAttention=bert_base),
+        "transformers": stub("transformers", PretrainedConfig=object, PreTrainedModel=PreTrainedModel,
+                             AutoConfig=auto, AutoModel=auto, AutoModelForCausalLM=auto),
+        "omegaconf": stub("omegaconf", OmegaConf=omegaconf),
+    }

@@ -20,7 +20,7 @@ import types
 import pytest
 import torch
 
-from release_source import require, stub
+from release_source import cramming_stubs, require
 
 OWNER, NAME = "zhuconv", "arithmetic"
 HEAD, UPDATE = "55f877d", "84c16ad"
@@ -34,22 +34,8 @@ class _Unused(torch.nn.Module):
     """Stands in for a base class the tests never instantiate (BertSelfAttention)."""
 
 
-class _PreTrainedModel(torch.nn.Module):
-    def __init__(self, config, *args, **kwargs):
-        super().__init__()
-        self.config = config
-
-
-_AUTO = types.SimpleNamespace(register=lambda *args, **kwargs: None)
 # Imports these files make that the tests do not exercise: stand-ins, present only while a file executes.
-STUBS = {
-    "einops": stub("einops", repeat=None),                       # RotaryEleutherAI only
-    "transformers.models.bert.modeling_bert": stub("transformers.models.bert.modeling_bert",
-                                                   BertSelfAttention=_Unused),
-    "transformers": stub("transformers", PretrainedConfig=object, PreTrainedModel=_PreTrainedModel,
-                         AutoConfig=_AUTO, AutoModel=_AUTO, AutoModelForCausalLM=_AUTO),
-    "omegaconf": stub("omegaconf", OmegaConf=types.SimpleNamespace()),
-}
+STUBS = cramming_stubs(_Unused, types.SimpleNamespace())
 
 # The attention's forward throws away the rotated q and k (84c16ad:attention.py:302, 55f877d:attention.py:319).
 DISCARDED = "self.apply_rotary_emb(query_layer, key_layer, position_states)"

@@ -48,7 +48,7 @@ from posbench.model import ModelConfig, Transformer
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 from encoding_helpers import TASK_CONTEXT
-from release_source import require, stub
+from release_source import cramming_stubs, require
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -79,23 +79,9 @@ class Settings(dict):
         return cls({k: cls.of(v) if isinstance(v, dict) else v for k, v in d.items()})
 
 
-class _PreTrainedModel(torch.nn.Module):
-    def __init__(self, config, *args, **kwargs):
-        super().__init__()
-        self.config = config
-
-
-_AUTO = types.SimpleNamespace(register=lambda *args, **kwargs: None)
 # Imports the file makes that the tests do not exercise (or exercise only as OmegaConf.create): stand-ins, present
 # only while a file executes.
-STUBS = {
-    "einops": stub("einops", repeat=None),                       # RotaryEleutherAI only
-    "transformers.models.bert.modeling_bert": stub("transformers.models.bert.modeling_bert",
-                                                   BertSelfAttention=torch.nn.Module),
-    "transformers": stub("transformers", PretrainedConfig=object, PreTrainedModel=_PreTrainedModel,
-                         AutoConfig=_AUTO, AutoModel=_AUTO, AutoModelForCausalLM=_AUTO),
-    "omegaconf": stub("omegaconf", OmegaConf=types.SimpleNamespace(create=Settings.of)),
-}
+STUBS = cramming_stubs(torch.nn.Module, types.SimpleNamespace(create=Settings.of))
 
 
 @pytest.fixture(scope="module")
