@@ -32,6 +32,7 @@ from its per-example results.
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -208,6 +209,34 @@ def stratified_weights(strata: Sequence[Hashable], n_boot: int, rng: np.random.G
         done += size
 
 
+class StratifiedBootstrap:
+    """The replicates of ``stratified_weights(strata, n_boot, default_rng(seed))``, drawn once and kept (as
+    counts, in the smallest integer type that holds them): every paired difference over the same examples reads
+    the same replicates, exactly what each would draw from its own generator seeded alike, without redrawing."""
+
+    def __init__(self, strata: Sequence[Hashable], n_boot: int = N_BOOT, seed: int = BOOT_SEED):
+        self.strata, self.n_boot, self.seed = list(strata), n_boot, seed
+        self._counts: list[np.ndarray] | None = None
+        self._replicates: dict[Callable, list[np.ndarray]] = {}
+
+    def weights(self):
+        """Yield the weight matrices ``(replicates, examples)``, as ``stratified_weights`` yields them."""
+        if self._counts is None:
+            largest = max(collections.Counter(self.strata).values(), default=1)
+            kind = np.min_scalar_type(largest)
+            self._counts = [w.astype(kind) for w in
+                            stratified_weights(self.strata, self.n_boot, np.random.default_rng(self.seed))]
+        for counts in self._counts:
+            yield counts.astype(float)
+
+    def replicates(self, metric: Callable[[np.ndarray], np.ndarray]) -> list[np.ndarray]:
+        """``metric`` under each weight matrix (one array per matrix), computed once per callable (by identity):
+        a reference run paired with many rows is resampled once."""
+        if metric not in self._replicates:
+            self._replicates[metric] = [metric(w) for w in self.weights()]
+        return self._replicates[metric]
+
+
 # ---- paired differences ----------------------------------------------------------------------------------
 
 @dataclass
@@ -232,12 +261,13 @@ def paired_difference(a: Sequence[float], b: Sequence[float], *,
                       a_examples: Sequence[Callable[[np.ndarray], np.ndarray]] | None = None,
                       b_examples: Sequence[Callable[[np.ndarray], np.ndarray]] | None = None,
                       strata: Sequence[Hashable] | None = None, n_boot: int = N_BOOT, seed: int = BOOT_SEED,
-                      level: float = LEVEL) -> Difference:
+                      level: float = LEVEL, bootstrap: StratifiedBootstrap | None = None) -> Difference:
     """B minus A, seeds paired by position (``a[s]``, ``b[s]`` are the two metrics under seed s).
 
     With ``a_examples`` / ``b_examples`` (one callable per seed mapping bootstrap weights ``(R, n)`` to the
     run's metric under them, ``(R,)``) and ``strata`` (one label per example), the evaluation examples are
-    resampled too (see the module docstring)."""
+    resampled too (see the module docstring). ``bootstrap``: the same replicates already drawn for these strata
+    (a compare draws them once for all its pairs); it must have been made with ``strata``, ``n_boot`` and ``seed``."""
     if len(a) != len(b) or not a:
         raise ValueError("paired_difference needs the same number (>= 1) of A and B values")
     d = np.asarray(b, dtype=float) - np.asarray(a, dtype=float)
@@ -248,10 +278,13 @@ def paired_difference(a: Sequence[float], b: Sequence[float], *,
     n_examples = None
     if a_examples is not None and b_examples is not None and strata is not None:
         n_examples = len(strata)
-        rng = np.random.default_rng(seed)
-        draws = []
-        for w in stratified_weights(strata, n_boot, rng):
-            draws.append(np.mean([fb(w) - fa(w) for fa, fb in zip(a_examples, b_examples)], axis=0))
+        if bootstrap is None:
+            bootstrap = StratifiedBootstrap(strata, n_boot, seed)
+        elif (bootstrap.n_boot, bootstrap.seed) != (n_boot, seed) or bootstrap.strata != list(strata):
+            raise ValueError("paired_difference: the bootstrap was drawn for other strata, replicates or seed")
+        a_reps = [bootstrap.replicates(f) for f in a_examples]
+        b_reps = [bootstrap.replicates(f) for f in b_examples]
+        draws = [np.mean([fb[i] - fa[i] for fa, fb in zip(a_reps, b_reps)], axis=0) for i in range(len(a_reps[0]))]
         v_ex = float(np.var(np.concatenate(draws), ddof=1))
     if v_seed is None and v_ex is None:
         return Difference(estimate, None, None, None, None, k, None, None, "1 seed, no per-example data")

@@ -2,6 +2,7 @@
 intervals and t-tests, and the bootstrap against the closed-form variance of a (stratified) paired mean."""
 
 import math
+from functools import partial
 from statistics import NormalDist
 
 import numpy as np
@@ -162,6 +163,29 @@ def test_the_bootstrap_is_reproducible_and_identical_runs_differ_by_nothing():
                              a_examples=[lambda w: sa.metric_under("acc", w)],
                              b_examples=[lambda w: sa.metric_under("acc", w)], strata=strata)
     assert same.estimate == 0.0 and same.p == 1.0 and same.low == same.high == 0.0
+
+
+def test_a_shared_bootstrap_gives_each_pair_what_its_own_draw_gives():
+    """compare draws the replicates once per list of strata and resamples a reference run once for all rows; the
+    differences must be bitwise those of a fresh generator per pair (the committed study tables depend on it)."""
+    a, b, strata = _binary_runs(60, 2, 5, 3)
+    c, _, _ = _binary_runs(60, 2, 5, 4)
+    ref, one, two = (_scores(x, strata) for x in (a, b, c))
+    shared = stats.StratifiedBootstrap(strata)
+    ref_fn = partial(ref.metric_under, "acc")
+    for other in (one, two):
+        own = paired_difference([ref.metric_under("acc")], [other.metric_under("acc")],
+                                a_examples=[partial(ref.metric_under, "acc")],
+                                b_examples=[partial(other.metric_under, "acc")], strata=strata)
+        reused = paired_difference([ref.metric_under("acc")], [other.metric_under("acc")], a_examples=[ref_fn],
+                                   b_examples=[partial(other.metric_under, "acc")], strata=strata, bootstrap=shared)
+        assert reused == own
+    assert list(shared._replicates).count(ref_fn) == 1 and len(shared._replicates) == 3   # the reference once
+    fresh = list(stats.stratified_weights(strata, stats.N_BOOT, np.random.default_rng(stats.BOOT_SEED)))
+    assert all(np.array_equal(x, y) for x, y in zip(shared.weights(), fresh, strict=True))
+    with pytest.raises(ValueError, match="other strata"):
+        paired_difference([1.0], [2.0], a_examples=[ref_fn], b_examples=[ref_fn], strata=strata[::-1],
+                          bootstrap=shared)
 
 
 # ---- per-example scores ------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from posbench.files import (MAX_PREDICTIONS_BYTES, MAX_PREDICTIONS_ROWS, TooLarg
                             read_jsonl)
 from posbench.runs.record import RunRecord
 from posbench.runs.store import PREDICTIONS_FILE
-from posbench.stats import ExampleScores, paired_difference
+from posbench.stats import ExampleScores, StratifiedBootstrap, paired_difference
 
 _scores: dict[str, ExampleScores | None] = {}
 _said: list[str] = []          # one line per run whose predictions were not read, and why
@@ -94,24 +94,40 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-3)      # recorded metrics may be rounded to 4 decimals
 
 
-def example_functions(a_runs: list[RunRecord], b_runs: list[RunRecord], metric: str) -> dict[str, Any] | None:
-    """The per-example pairing of ``metric`` between the runs (seed-aligned lists), or None."""
+def example_functions(a_runs: list[RunRecord], b_runs: list[RunRecord], metric: str,
+                      memo: dict | None = None) -> dict[str, Any] | None:
+    """The per-example pairing of ``metric`` between the runs (seed-aligned lists), or None. ``memo``: the
+    aligned scores already built in this compare (a reference run is paired with every row: aligned once, and
+    its metric function is the same object, so the bootstrap resamples it once)."""
+    memo = {} if memo is None else memo
     runs = a_runs + b_runs
     scores = [example_scores(r) for r in runs]
     if any(s is None or metric not in s.metrics for s in scores):
         return None
-    order = scores[0].keys
-    if any(len(s.keys) != len(order) or set(s.keys) != set(order) for s in scores):
-        return None
-    aligned = [s.aligned(order) for s in scores]
-    for s, run in zip(aligned, runs):
-        recorded = value_of(run, metric)
-        rebuilt = float(s.metric_under(metric))
-        if recorded is None or not math.isfinite(rebuilt) or not _close(recorded, rebuilt):
+    first = str(runs[0].path)                        # every run's examples in the order of the first run's
+    functions = []
+    for s, run in zip(scores, runs):
+        key = (str(run.path), metric, first)
+        if key not in memo:
+            memo[key] = _metric_function(s, run, metric, scores[0].keys)
+        if memo[key] is None:
             return None
-    functions = [partial(s.metric_under, metric) for s in aligned]
+        functions.append(memo[key])
     return {"a_examples": functions[:len(a_runs)], "b_examples": functions[len(a_runs):],
-            "strata": aligned[0].strata}
+            "strata": functions[0].func.__self__.strata}
+
+
+def _metric_function(scores: ExampleScores, run: RunRecord, metric: str, order: list) -> partial | None:
+    """``metric`` of the run as a function of bootstrap weights over the examples in ``order``; None when the run
+    scored other examples or its per-example results do not rebuild the metric it recorded."""
+    if len(scores.keys) != len(order) or set(scores.keys) != set(order):
+        return None
+    aligned = scores.aligned(order)
+    recorded = value_of(run, metric)
+    rebuilt = float(aligned.metric_under(metric))
+    if recorded is None or not math.isfinite(rebuilt) or not _close(recorded, rebuilt):
+        return None
+    return partial(aligned.metric_under, metric)
 
 
 def value_of(run: RunRecord, metric: str) -> float | None:
@@ -138,6 +154,8 @@ def add_differences(table: TaskTable, reference: str) -> None:
         table.notes.append(f"--against {reference}: no {reference} run in this table")
         return
     seeds_only: set[str] = set()
+    bootstraps: dict[tuple, StratifiedBootstrap] = {}     # one draw of replicates per list of strata, for all pairs
+    aligned: dict = {}                                    # each run's metric functions, built once (example_functions)
     for row in table.rows:
         if row.encoding == reference:
             continue
@@ -157,9 +175,12 @@ def add_differences(table: TaskTable, reference: str) -> None:
             b = [value_of(r, metric) for r in b_runs]
             if any(v is None for v in a + b):
                 continue
-            pairing = example_functions(a_runs, b_runs, metric) or {}
+            pairing = example_functions(a_runs, b_runs, metric, aligned) or {}
             if not pairing:
                 seeds_only.add(metric)
+            else:
+                strata = tuple(pairing["strata"])
+                pairing["bootstrap"] = bootstraps.setdefault(strata, StratifiedBootstrap(strata))
             table.differences.append(DifferenceRow(row.label, metric, table.higher_is_better[metric],
                                                    paired_difference(a, b, **pairing)))
     if seeds_only:
