@@ -26,7 +26,7 @@ import dataclasses
 import difflib
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from posbench.errors import ConfigError
 
@@ -219,19 +219,39 @@ def did_you_mean(key: str, known: Any) -> str:
 
 # ---- declarations ------------------------------------------------------------------------------------------
 
+#: the sections of a run's settings, each setting named ``section.key`` (``model.d_model``, ``train.lr``)
+SECTIONS = ("model", "encoding", "train", "task")
+
+
+class Added(NamedTuple):
+    """A setting added after runs were recorded without it: records of result schema ``schema`` and later that
+    hold it at ``before`` (the value every earlier run had) compare as the records that lack it."""
+
+    schema: int
+    before: Any
+
+
 @dataclass(frozen=True)
 class Option:
     """One option: its default (whose type is the option's type), one line of help and its valid range.
     ``from_task``: only the task can give the value (Abacus's ``digit_ids``, the token ids of the digits): the
     run configuration fills it from ``Task.encoding_context`` and refuses ``--set`` for it. ``task_optional``: a
     task may give none (the default then stands; RandPE's ``eval_length_factor``); without it a task that gives
-    none refuses the encoding."""
+    none refuses the encoding. ``changes_results``: False for a setting that changes how fast a run goes but not
+    what it computes (threads, a batch size of evaluation): ``compare`` pools runs that differ in it. ``added``:
+    since when the setting exists and the value runs had before (``Added``), for ``compare`` to pool old and
+    new runs of one recipe."""
 
     default: Any
     help: str
     limit: Limit | None = None
     from_task: bool = False
     task_optional: bool = False
+    changes_results: bool = True
+    added: Added | None = None
+    #: the command-line flag's name where it is not the key's (bench's ``steps``, the timed steps, is
+    #: ``--timed-steps``: ``--steps`` is ``train.steps`` in every command); ``--set`` always takes the key
+    flag: str = ""
 
     def describe(self) -> str:
         """The valid range in words (``any`` for an option without one)."""
@@ -240,10 +260,13 @@ class Option:
         return "true or false" if isinstance(self.default, bool) else "any"
 
 
-def option(default: Any, help: str, limit: Limit | None = None) -> Any:
-    """A dataclass field that is an option (``ModelConfig``, ``TrainConfig``): the same three facts as
-    ``Option``, read back by ``declared``."""
-    return dataclasses.field(default=default, metadata={"option": Option(default, help, limit)})
+def option(default: Any, help: str, limit: Limit | None = None, *, changes_results: bool = True,
+           added: Added | None = None) -> Any:
+    """A dataclass field that is an option (``ModelConfig``, ``TrainConfig``): the same facts as ``Option``,
+    read back by ``declared``."""
+    return dataclasses.field(default=default, metadata={"option": Option(default, help, limit,
+                                                                         changes_results=changes_results,
+                                                                         added=added)})
 
 
 def declared(owner: Any) -> dict[str, Option]:

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from posbench.cells import cell
+from posbench.evaluation.metrics import METRICS
+from posbench.options import SECTIONS
 
-SETTING_SECTIONS = ("model", "encoding", "train", "task")
 FIXED_COLUMNS = ["run_id", "task", "encoding", "seed", "preset", "init", "metric", "value", "stderr", "n",
                  "higher_is_better", "primary", "train_s", "finished", "path"]
 
@@ -66,7 +67,7 @@ def numeric(column) -> bool:
 def resolved(run: Any) -> dict[str, dict[str, Any]]:
     """The run's settings by section, the model's and the encoding's as the built model used them (the record's
     ``model_config``: posbench's ``ModelConfig``, or a Hugging Face model's method options)."""
-    sections = {section: dict(run.config.section(section)) for section in SETTING_SECTIONS}
+    sections = {section: dict(run.config.section(section)) for section in SECTIONS}
     built = run.model_config or {}
     sections["model"].update({k: v for k, v in built.items() if k in sections["model"]})
     options = built.get("encoding_options") if "encoding_options" in built else built.get("method_options")
@@ -83,4 +84,5 @@ def run_rows(run: Any) -> list[dict[str, Any]]:
             "preset": run.preset, "init": run.init_given, "primary": run.primary_metric,
             "train_s": run.timings.train_s, "finished": run.finished, "path": str(run.path), **settings}
     return [{**base, "metric": name, "value": metric.value, "stderr": metric.stderr, "n": metric.n,
-             "higher_is_better": metric.higher_is_better} for name, metric in run.metrics.items()]
+             "higher_is_better": METRICS.higher_is_better(str(run.task), name, metric.higher_is_better)}
+            for name, metric in run.metrics.items()]

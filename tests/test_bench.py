@@ -121,7 +121,7 @@ def test_decode_and_forward_modes(tmp_path):
 
 
 def test_cli_prints_the_table_and_writes_the_result(tmp_path, capsys):
-    code = main(["bench", "-e", "alibi", "--lengths", "16", "--batch", "2", "--steps", "1", "--warmup", "0",
+    code = main(["bench", "-e", "alibi", "--lengths", "16", "--batch", "2", "--timed-steps", "1", "--warmup", "0",
                  "--threads", "1", "--out", str(tmp_path), "--quiet"])
     out = capsys.readouterr().out
     assert code == 0
@@ -134,7 +134,9 @@ def test_cli_prints_the_table_and_writes_the_result(tmp_path, capsys):
     (["--size", "huge"], "task 'bench' has no preset 'huge'; presets: small, paper"),
     (["--lengths", "16,32", "--batch", "1,2,3"], "bench: 3 batch sizes for 2 lengths; give one, or one per length"),
     (["--lengths", "16,32", "--set", "task.batch=1,2,3"], "bench: 3 batch sizes for 2 lengths"),
-    (["--stepz", "3"], "bench: unknown option --stepz; did you mean --steps?"),
+    (["--timed-stepz", "3"], "bench: unknown option --timed-stepz; did you mean --timed-steps?"),
+    (["--steps", "3"], "bench: --steps is train.steps, which bench does not use (it times steps, it trains to no "
+                       "step count); the timed steps per cell are --timed-steps N"),
     (["--warmup"], "bench: --warmup needs a value (task.warmup: untimed steps first)"),
     (["extra"], "bench: unexpected argument 'extra' (settings are flags: --name value)"),
     (["--lengths", "sixteen"], "task.lengths='sixteen': expected an integer"),
@@ -143,7 +145,7 @@ def test_cli_prints_the_table_and_writes_the_result(tmp_path, capsys):
     (["--device", "cuda:7"], "device 'cuda:7'"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(args, message, tmp_path, capsys):
-    code = main(["bench", *args, "--steps", "1", "--warmup", "0", "--out", str(tmp_path), "--quiet"])
+    code = main(["bench", *args, "--timed-steps", "1", "--warmup", "0", "--out", str(tmp_path), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err.startswith("error: ") and message in err and "\n" not in err

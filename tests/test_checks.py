@@ -237,7 +237,8 @@ def test_check_refuses_an_unknown_name_in_one_line(capsys):
 def test_check_passes_on_a_task(capsys):
     assert main(["check", "arithmetic"]) == 0
     out = capsys.readouterr().out
-    assert out.count("ok    task 'arithmetic'") == 6 and "FAIL" not in out
+    assert out.count("ok    task 'arithmetic'") == 7 and "FAIL" not in out
+    assert "ok    task 'arithmetic': every metric it records is declared (register_metric): 3 metric(s)" in out
 
 
 def define_broken_task():
@@ -287,7 +288,9 @@ def test_check_fails_on_a_broken_task(capsys):
         TASKS.remove("test-broken-task")
     failed = capsys.readouterr().err.splitlines()
     assert [line.split(": ")[1] for line in failed] == ["options declared with a default, a range and help",
-                                                         "the training stream resumes from its saved state"]
+                                                         "the training stream resumes from its saved state",
+                                                         "every metric it records is declared (register_metric)"]
     assert all(line.startswith("FAIL  task 'test-broken-task': ") for line in failed)
     assert "option examples's default 0 is outside its range (>= 1)" in failed[0]
     assert "differs from the batch the stream gave after that state" in failed[1]
+    assert "no declaration for loss: declare each with posbench.evaluation.metrics.register_metric" in failed[2]

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from posbench.encodings import ENCODINGS, PositionalEncoding
+from posbench.evaluation.metrics import METRICS
 from posbench.model import ModelConfig, Transformer
 from posbench.options import Option, positive
 
@@ -242,13 +243,16 @@ def test_the_task_example_runs_through_the_runner(tmp_path):
         assert TASKS["copy"] is module.__dict__["Copy"]
         outcome = runner.execute(resolve_run_config("copy", "alibi", None, sets=["train.threads=1"]), tmp_path)
         assert outcome.record.task == "copy" and 0.0 <= outcome.record.metrics["accuracy"].value <= 100.0
+        assert outcome.record.metrics["wrong_tokens"].higher_is_better is False     # as its declaration says
         assert outcome.record.training["steps"] == 20
         assert outcome.record.config.task_version == 1
         assert json.loads((outcome.run_dir / "result.json").read_text())["config"]["task_version"] == 1
         table = report.collect(tmp_path).tables[0]
         assert table.task == "copy" and table.rows[0].encoding == "alibi"
+        assert table.higher_is_better == {"accuracy": True, "wrong_tokens": False}
     finally:
         TASKS.remove("copy")
+        METRICS.remove("copy")
         sys.modules.pop(module.__name__, None)
 
 
@@ -272,5 +276,6 @@ def test_the_documented_contract_tests_pass_on_the_documented_encoding_and_task(
     finally:
         ENCODINGS.remove("learned")
         TASKS.remove("copy")
+        METRICS.remove("copy")
         for module in modules:
             sys.modules.pop(module.__name__, None)

@@ -17,7 +17,7 @@ import pytest
 
 from posbench import report
 from posbench.cli import main
-from posbench.report import paired
+from posbench.report import predictions
 from test_compare import arithmetic_metrics, arithmetic_predictions, make_run
 
 
@@ -78,7 +78,7 @@ def test_a_gzip_bomb_is_read_no_further_than_the_bound(tmp_path):
 def test_predictions_that_inflate_past_the_bound_are_skipped_in_one_line(tmp_path, capsys, monkeypatch):
     dirs = paired_tree(tmp_path)
     assert accuracy_basis(tmp_path) == "2 seeds x 16 examples"
-    monkeypatch.setattr(paired, "MAX_PREDICTIONS_BYTES", 4096)
+    monkeypatch.setattr(predictions, "MAX_PREDICTIONS_BYTES", 4096)
     bombed = dirs["tape", 1]
     rows = (bombed / "predictions.jsonl").read_text()
     (bombed / "predictions.jsonl").unlink()

@@ -7,7 +7,7 @@ import typer
 import pytest
 
 from posbench.cli.app import app
-from posbench.cli.setting_flags import declarations, flags_help, sets_from_flags
+from posbench.cli.setting_flags import declarations, flags_help, settings_from_flags
 from posbench.errors import ConfigError
 from posbench.options import declared
 from posbench.tasks import TASKS
@@ -33,51 +33,61 @@ def test_bench_flags_are_the_tasks_train_and_model_declarations():
     known = declarations("bench")
     bench = TASKS["bench"]
     for key, option in declared(bench).items():
-        assert known[key.replace("_", "-")] == ("task", option)           # the same object: one declaration
-    assert known["steps"][0] == "task"                                       # the task's own first
+        assert known[option.flag or key.replace("_", "-")] == ("task", option)   # the same object: one declaration
+    assert known["timed-steps"][0] == "task" and known["steps"][0] == "train"     # --steps: train.steps everywhere
     assert known["threads"] == ("train", declared(TrainConfig)["threads"])
     text = flags_help("bench")
     for key, option in declared(bench).items():
-        assert f"--{key.replace('_', '-')}  {option.help} (task.{key}" in text
+        assert f"--{option.flag or key.replace('_', '-')}  {option.help} (task.{key}" in text
 
 
-@pytest.mark.parametrize("args, sets", [
-    (["--steps", "5"], ["task.steps=5"]),                                    # bench declares steps itself
-    (["--steps=5", "--new_tokens", "7", "--new-tokens=8"], ["task.steps=5", "task.new_tokens=7", "task.new_tokens=8"]),
-    (["--threads", "2", "--attention", "flex"], ["train.threads=2", "model.attention=flex"]),
-    (["--compile"], ["train.compile=true"]),                                 # a true / false / auto switch, alone
-    (["--no-compile", "--checkpointing"], ["train.compile=false", "train.checkpointing=true"]),
-    (["--compile", "false", "--lengths", "16,32"], ["train.compile=false", "task.lengths=16,32"]),
-    (["--init-std", "-0.5"], ["model.init_std=-0.5"]),                       # a negative value is a value
+@pytest.mark.parametrize("args, settings", [
+    (["--timed-steps", "5"], [("task", "steps", 5)]),                        # bench's timed steps: its own flag name
+    (["--timed_steps=5", "--new_tokens", "7", "--new-tokens=8"], [("task", "steps", 5), ("task", "new_tokens", 7),
+                                                                    ("task", "new_tokens", 8)]),
+    (["--steps", "5"], [("train", "steps", 5)]),                             # --steps: train.steps (bench refuses it)
+    (["--threads", "2", "--attention", "flex"], [("train", "threads", 2), ("model", "attention", "flex")]),
+    (["--compile"], [("train", "compile", True)]),                           # a true / false / auto switch, alone
+    (["--no-compile", "--checkpointing"], [("train", "compile", False), ("train", "checkpointing", True)]),
+    (["--compile", "false", "--lengths", "16,32"], [("train", "compile", False), ("task", "lengths", [16, 32])]),
+    (["--init-std", "-0.5"], [("model", "init_std", -0.5)]),                 # a negative value is a value
 ])
-def test_flags_become_set_entries(args, sets):
-    assert sets_from_flags(args, "bench", "bench") == sets
+def test_flags_become_typed_settings(args, settings):
+    """A flag is read once, into (section, key, typed value): never text again."""
+    found = settings_from_flags(args, "bench", "bench")
+    assert found == settings and [type(s.value) for s in found] == [type(v) for _, _, v in settings]
 
 
 def test_a_task_without_steps_sends_steps_to_train():
-    assert sets_from_flags(["--steps", "9", "--train-digits", "4"], "arithmetic", "run") == \
-        ["train.steps=9", "task.train_digits=4"]
+    assert settings_from_flags(["--steps", "9", "--train-digits", "4"], "arithmetic", "run") == \
+        [("train", "steps", 9), ("task", "train_digits", 4)]
+
+
+def test_a_flag_of_the_wrong_type_is_one_line():
+    with pytest.raises(ConfigError, match=r"^train.steps='five': expected an integer$"):
+        settings_from_flags(["--steps", "five"], "arithmetic", "run")
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--stepz", "3"], "bench: unknown option --stepz; did you mean --steps?"),
+    (["--timed-stepz", "3"], "bench: unknown option --timed-stepz; did you mean --timed-steps?"),
     (["--warmup"], "bench: --warmup needs a value (task.warmup: untimed steps first)"),
-    (["--warmup", "--steps", "2"], "bench: --warmup needs a value"),
-    (["--no-steps"], "bench: unknown option --no-steps"),                   # steps is no true / false setting
+    (["--warmup", "--timed-steps", "2"], "bench: --warmup needs a value"),
+    (["--no-timed-steps"], "bench: unknown option --no-timed-steps"),       # steps is no true / false setting
     (["3"], "bench: unexpected argument '3'"),
 ])
 def test_bad_flags_are_one_line(args, message):
     with pytest.raises(ConfigError, match=message.replace("?", r"\?").replace("(", r"\(").replace(")", r"\)")):
-        sets_from_flags(args, "bench", "bench")
+        settings_from_flags(args, "bench", "bench")
 
 
 def test_a_flag_and_set_keep_the_one_precedence(capsys):
-    """Flags are --set entries given first: a --set after them wins; presets lose to both."""
+    """Flags are typed settings applied first: a --set after them wins; presets lose to both."""
     import json
 
     from posbench.cli.app import main
 
-    code = main(["bench", "--size", "paper", "--steps", "4", "--set", "task.steps=6", "--warmup", "1", "--dry-run"])
+    code = main(["bench", "--size", "paper", "--timed-steps", "4", "--set", "task.steps=6", "--warmup", "1",
+                 "--dry-run"])
     config = json.loads(capsys.readouterr().out)[0]
     assert code == 0 and config["task_options"]["steps"] == 6 and config["task_options"]["warmup"] == 1
     assert config["task_options"]["lengths"] == [1024, 8192]                 # the preset's, untouched

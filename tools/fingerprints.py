@@ -48,8 +48,17 @@ def fingerprint(run: Path) -> dict:
     hashes = {name: hashlib.sha256((run / "checkpoint" / name).read_bytes()).hexdigest()
               for name in HASHED if (run / "checkpoint" / name).exists()}
     kept = {k: v for k, v in record.items() if k not in VOLATILE}
-    kept["training"] = {k: v for k, v in record.get("training", {}).items() if not k.endswith(("_s", "per_s"))}
-    return {"weights": hashes, "record": kept}
+    kept["training"] = record.get("training", {})
+    return {"weights": hashes, "record": untimed(kept)}
+
+
+def untimed(value):
+    """``value`` without its measured times at any depth (keys ending ``_s`` or ``per_s``: seconds, rates)."""
+    if isinstance(value, dict):
+        return {k: untimed(v) for k, v in value.items() if not k.endswith(("_s", "per_s"))}
+    if isinstance(value, list):
+        return [untimed(v) for v in value]
+    return value
 
 
 def main() -> int:

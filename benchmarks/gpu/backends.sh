@@ -19,10 +19,10 @@ TITLE="posbench GPU backends call"
 source "$(dirname "$0")/common.sh"
 
 if [[ "$SIZE" == "tiny" ]]; then
-  SHAPE=(--size small --threads 1 --steps 1 --warmup 1); SHORT=(--lengths 16 --batch 2); LONG=(--lengths 32 --batch 1)
+  SHAPE=(--size small --threads 1 --timed-steps 1 --warmup 1); SHORT=(--lengths 16 --batch 2); LONG=(--lengths 32 --batch 1)
   FLEX=sdpa; TEST=(-k "fire and eager")
 else
-  SHAPE=(--size paper --steps 5 --warmup 2); SHORT=(--lengths 1024 --batch 16); LONG=(--lengths 4096 --batch 1)
+  SHAPE=(--size paper --timed-steps 5 --warmup 2); SHORT=(--lengths 1024 --batch 16); LONG=(--lengths 4096 --batch 1)
   FLEX=flex; TEST=(-k "fire-flex")
 fi
 phase "tests fire-flex" 45 "$PY" -m pytest -v -p no:cacheprovider -m gpu --tb=long tests/test_gpu.py \

@@ -45,13 +45,13 @@ eval "FIRST_ARGS=($FIRST)"
 source "$(dirname "$0")/common.sh"
 
 if [[ "$SIZE" == "tiny" ]]; then     # the plan's plumbing on a CPU
-  SHAPE=(--size small --threads 1 --steps 1 --warmup 1)
+  SHAPE=(--size small --threads 1 --timed-steps 1 --warmup 1)
   SHORT=(--lengths 16 --batch 2); LONG=(--lengths 32 --batch 1); DECODE=(--lengths 16 --batch 1 --new-tokens 4)
   ONLY=(--only alibi,cope,tape)
   CROSS=(--lengths 24 --batch 1 -e alibi); VERSUS=(sdpa eager)
   ARITH=(-p tiny --steps 20 --set train.log_every=5); PAPER=(-p tiny --steps 10 --set train.log_every=5)
 else
-  SHAPE=(--size paper --steps 5 --warmup 2)
+  SHAPE=(--size paper --timed-steps 5 --warmup 2)
   SHORT=(--lengths 1024 --batch 16); LONG=(--lengths 8192 --batch 1); DECODE=(--lengths 1024 --batch 1)
   ONLY=()                                    # every registered encoding, plugins included
   CROSS=(--lengths 2048,4096 --batch 1,1 -e t5,fire,alibi); VERSUS=(sdpa flex)

@@ -95,13 +95,12 @@ def check_learnable(report: Report, name: str, task: str | None = None, preset: 
     from posbench.model import Transformer
     from posbench.runs.config import resolve_run_config
     from posbench.tasks import TASKS
-    from posbench.train.config import TrainConfig
     from posbench.train.optim import make_optimizer
 
     cls = ENCODINGS.get(name)
     task = task or default_task(cls)
     config = resolve_run_config(task, name, preset)
-    train = TrainConfig(**config.train)
+    train = config.training
     shape = TASKS[task](config).model_config()          # the preset's model, as the task builds it
     shape.attention = "eager"
     shape.encoding_options = {**shape.encoding_options, **cls.deterministic_options}

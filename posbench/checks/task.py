@@ -39,8 +39,11 @@ def check_task(name: str, *, encoding: str = "rope", sets: tuple[str, ...] = ())
         if cls.model_source.builds:
             report.run("the training stream resumes from its saved state",
                        lambda: stream_resumes(cls, configure(name, encoding, preset, sets, {})))
-        report.run(f"a short run ({STEPS} steps) is recorded and compare reads it",
-                   lambda: short_run(configure(name, encoding, preset, sets, {}, steps=STEPS)))
+        recorded: dict[str, Any] = {}
+        if report.run(f"a short run ({STEPS} steps) is recorded and compare reads it",
+                      lambda: short_run(configure(name, encoding, preset, sets, {}, steps=STEPS), recorded)):
+            report.run("every metric it records is declared (register_metric)",
+                       lambda: declared(name, recorded.get("metrics", [])))
     finally:
         torch.set_num_threads(before)
     return report
@@ -101,7 +104,8 @@ def stream_resumes(cls: Any, config) -> str:
     return f"batches of {tuple(first.tokens.shape)}"
 
 
-def short_run(config) -> str:
+def short_run(config, recorded: dict[str, Any]) -> str:
+    """``recorded["metrics"]``: the names of the metrics the run recorded."""
     from posbench import report
     from posbench.runs import runner
 
@@ -110,6 +114,7 @@ def short_run(config) -> str:
         if record.bench is not None:                  # a benchmark records measurements, not metrics
             return f"{len(record.bench['cells'])} cells measured"
         values = {k: m.value for k, m in record.metrics.items()}
+        recorded["metrics"] = list(values)
         if not values:
             raise CheckFailed("the evaluation returned no metric")
         bad = [k for k, v in values.items() if v is not None and not math.isfinite(v)]
@@ -120,3 +125,14 @@ def short_run(config) -> str:
             raise CheckFailed("compare found no row for the run")
     primary = record.primary_metric or next(iter(values))
     return f"{primary} = {values[primary]:.4g}" if values[primary] is not None else primary
+
+
+def declared(task: str, names: list[str]) -> str:
+    """Every metric the run recorded has a declaration in the metric registry (its direction, its pooling)."""
+    from posbench.evaluation.metrics import METRICS
+
+    missing = [n for n in names if METRICS.find(task, n) is None]
+    if missing:
+        raise CheckFailed(f"no declaration for {', '.join(missing)}: declare each with "
+                          f"posbench.evaluation.metrics.register_metric (docs/extending.md)")
+    return f"{len(names)} metric(s)" if names else "none recorded"

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from posbench.cli.common import out, progress_reporter, show_configs, split_names, user_errors
+from posbench.cli.shared_options import Device, DryRun, Encoding, Out, Preset, Quiet, Sets
 
 BENCH_EPILOG = """[bold]Examples[/bold]
 
@@ -26,31 +27,33 @@ BENCH_EPILOG = """[bold]Examples[/bold]
 
 def bench(
     ctx: typer.Context,
-    encoding: str = typer.Option("", "--encoding", "-e", help="Encodings, comma-separated (default: every one; "
-                                 "RoPE is always measured: ratios are to it)."),
-    size: str = typer.Option("small", "--size", help="The preset: small (4 x 256, the CPU benchmark) or paper "
-                             "(12 x 768 at 16 x 1024 and 1 x 8192)."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N."),
-    sets: list[str] = typer.Option([], "--set", "-s", help="Override a setting: [section.]key=value. Repeatable."),
-    out_dir: Path = typer.Option(Path("results"), "--out", "-o", help="Results root directory."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Resolve and print the configuration (JSON); run and "
-                                 "write nothing."),
+    encoding: Encoding = None,
+    size: Preset = None,
+    device: Device = "auto",
+    sets: Sets = [],
+    out_dir: Out = None,
+    quiet: Quiet = False,
+    dry_run: DryRun = False,
 ) -> None:
     """Measure each encoding's training (or forward, or decoding) step; writes results/bench/<mode>/<run-id>/.
 
-    Every setting of the bench task, of train and of model is a flag (below): --steps 5, --lengths 1024,8192,
+    Every setting of the bench task, of train and of model is a flag (below): --timed-steps 5, --lengths 1024,8192,
     --mode decode, --compile, --attention flex, --threads 2."""
-    from posbench.cli.setting_flags import own_options, sets_from_flags
+    from posbench.cli.setting_flags import own_options, settings_from_flags
+    from posbench.errors import ConfigError
     from posbench.runs import runner
-    from posbench.runs.config import resolve_run_config
+    from posbench.runs.config import Setting, resolve_run_config
 
+    out_dir = Path("results") if out_dir is None else out_dir
     with user_errors():
-        given = sets_from_flags(list(ctx.args), "bench", "bench", own_options(ctx.command))
-        _lengths_match_batches([*given, *sets])
+        given = settings_from_flags(list(ctx.args), "bench", "bench", own_options(ctx.command))
+        if any((s.section, s.key) == ("train", "steps") for s in given):
+            raise ConfigError("bench: --steps is train.steps, which bench does not use (it times steps, it trains "
+                              "to no step count); the timed steps per cell are --timed-steps N")
         if encoding:
-            given.insert(0, f"task.encodings={','.join(split_names(encoding))}")
-        config = resolve_run_config("bench", None, size, device=device, sets=[*given, *sets])
+            given.insert(0, Setting("task", "encodings", split_names(encoding)))
+        _lengths_match_batches(given, sets)
+        config = resolve_run_config("bench", None, size or "small", device=device, settings=given, sets=sets)
         if dry_run:
             show_configs([config])
             return
@@ -60,18 +63,19 @@ def bench(
         out().print(f"-> {outcome.run_dir}")
 
 
-def _lengths_match_batches(sets: list[str]) -> None:
-    """Lengths and batch sizes both given must pair up (one batch size, or one per length): a preset's batch
-    sizes give their first to lengths the user chose, a user's own list never is cut short in silence."""
+def _lengths_match_batches(given: list, sets: list[str]) -> None:
+    """Lengths and batch sizes both given (flags, typed, or ``--set`` text) must pair up (one batch size, or one per
+    length): a preset's batch sizes give their first to lengths the user chose, a user's own list never is cut
+    short in silence."""
     from posbench.errors import ConfigError
-    from posbench.runs.config import parse_assignment
 
-    given = {key.removeprefix("task."): value for key, value in map(parse_assignment, sets)}   # batch, task.batch
-    lengths, batch = given.get("lengths"), given.get("batch")
-    if lengths is not None and batch is not None:
-        count = [len(split_names(str(v))) for v in (lengths, batch)]
-        if count[1] not in (1, count[0]):
-            raise ConfigError(f"bench: {count[1]} batch sizes for {count[0]} lengths; give one, or one per length")
+    counts = {s.key: len(s.value) for s in given if s.section == "task" and s.key in ("lengths", "batch")}
+    for item in sets:                                                          # batch, task.batch
+        key, _, value = item.partition("=")
+        counts[key.strip().removeprefix("task.")] = len(split_names(value))
+    lengths, batch = counts.get("lengths"), counts.get("batch")
+    if lengths is not None and batch is not None and batch not in (1, lengths):
+        raise ConfigError(f"bench: {batch} batch sizes for {lengths} lengths; give one, or one per length")
 
 
 def efficiency_table(record) -> Table:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from posbench.cli.common import err, out, split_names, user_errors
+from posbench.cli.shared_options import Encoding, Preset, Quiet, Sets, Task
 
 CHECK_EPILOG = """[bold]Examples[/bold]
 
@@ -22,19 +21,14 @@ CHECK_EPILOG = """[bold]Examples[/bold]
 """
 
 
-def check(names: list[str] = typer.Argument(..., help="encodings or tasks, by name (comma-separated or several)."),
-          compiled: bool = typer.Option(True, "--compiled/--no-compiled", help="check that torch.compile traces a "
-                                        "training step as one graph (traced only: about a second per encoding)"),
-          encoding: str = typer.Option("rope", "--encoding", "-e", help="the encoding a task's short run trains"),
-          task: Optional[str] = typer.Option(None, "--task", "-t", help="an encoding's budget: the task whose preset's "
-                                             "steps and learning rates its learned parameters must learn within "
-                                             "(default: perplexity, or the first task the encoding runs on)"),
-          preset: Optional[str] = typer.Option(None, "--preset", "-p", help="an encoding's budget: the task's preset "
-                                               "(default: the task's default)"),
-          sets: Optional[list[str]] = typer.Option(None, "--set", help="section.key=value for a task's runs"),
-          quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the failed checks")) -> None:
+def check(names: list[str], compiled: bool = typer.Option(True, "--compiled/--no-compiled", help="check that "
+          "torch.compile traces a training step as one graph (traced only: about a second per encoding)"),
+          encoding: Encoding = None, task: Task = None, preset: Preset = None, sets: Sets = [],
+          quiet: Quiet = False) -> None:
     """Run the shared contract checks on encodings and tasks (yours or built-in): one line per check, exit code 1
-    when one fails."""
+    when one fails.
+
+    NAMES: encodings or tasks, by name (comma-separated or several)."""
     from posbench.checks import check_encoding, check_task
     from posbench.encodings import ENCODINGS
     from posbench.tasks import TASKS
@@ -54,7 +48,7 @@ def check(names: list[str] = typer.Argument(..., help="encodings or tasks, by na
             if name in ENCODINGS:
                 report = check_encoding(name, compiled=compiled, task=task, preset=preset)
             else:
-                report = check_task(name, encoding=encoding, sets=tuple(sets or ()))
+                report = check_task(name, encoding=encoding or "rope", sets=tuple(sets))
             for check_result, line in zip(report.checks, report.lines()):
                 if not check_result.passed:
                     err().print(line, markup=False, highlight=False)

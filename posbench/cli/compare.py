@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from posbench.cli.common import err, out, user_errors
+from posbench.cli.shared_options import Force, Format, Task
 
 COMPARE_EPILOG = """[bold]Examples[/bold]
 
@@ -32,10 +33,9 @@ COMPARE_EPILOG = """[bold]Examples[/bold]
 
 
 def compare(
-    directory: Path = typer.Argument(..., help="A results tree (any depth)."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Only this task."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table, markdown, csv, latex, json, or tidy (every run "
-                            "and metric as one CSV row with its settings, as posbench.results.frame gives them)."),
+    directory: Path,
+    task: Task = None,
+    fmt: Format = "table",
     against: Optional[str] = typer.Option(None, "--against", "-a", help="Add every encoding's difference to this "
                                           "one: 95% interval and p-value, paired by seed and by example."),
     by_run: bool = typer.Option(False, "--by-run", help="One row per run instead of one per encoding and "
@@ -45,11 +45,12 @@ def compare(
     plots: Optional[Path] = typer.Option(None, "--plots", help="Write figures (PNG) to this directory."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write the whole report (tables, figures, every run's "
                                         "provenance) as one self-contained HTML file."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing --html file and figures already in "
-                               "the --plots directory (without it, compare never overwrites a file)."),
+    force: Force = False,
 ) -> None:
     """One table per task: a row per encoding (runs that differ only in their seed pooled: mean ± 95% interval),
-    the best of each column marked; paired differences (--against), figures, an HTML report."""
+    the best of each column marked; paired differences (--against), figures, an HTML report.
+
+    DIRECTORY: a results tree (any depth)."""
     from posbench import report as rep
     from posbench.files import file_in_the_way
     from posbench.runs.record import ResultError

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
-
 from posbench.cli.common import out, user_errors
+from posbench.cli.shared_options import Force
 
 EXPORT_EPILOG = """[bold]Examples[/bold]
 
@@ -21,12 +20,13 @@ EXPORT_EPILOG = """[bold]Examples[/bold]
 
 
 def export(
-    run_dir: Path = typer.Argument(..., help="A finished (or checkpointed) posbench run directory."),
-    out_dir: Path = typer.Argument(..., help="The new model directory (new or empty)."),
-    force: bool = typer.Option(False, "--force", help="Replace OUT_DIR when it already holds files (without it, "
-                               "export never overwrites)."),
+    run_dir: Path,
+    out_dir: Path,
+    force: Force = False,
 ) -> None:
     """Export a run's model and tokenizer as a Hugging Face model directory (RoPE: a plain Llama).
+
+    RUN_DIR: a finished (or checkpointed) posbench run directory; OUT_DIR: the new model directory (new or empty).
 
     AutoModelForCausalLM and AutoTokenizer.from_pretrained(OUT_DIR) load it. Any encoding but RoPE is posbench's
     own model type (model_type 'posbench'): pass trust_remote_code=True to both (AutoTokenizer reads config.json

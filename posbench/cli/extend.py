@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from posbench.cli.common import out, progress_reporter, resume_run, show_configs, user_errors
+from posbench.cli.shared_options import Device, DryRun, Init, Logs, Out, Preset, Quiet, Resume, Seed, Sets
 
 EXTEND_EPILOG = """[bold]Examples[/bold]
 
@@ -28,22 +29,18 @@ EXTEND_EPILOG = """[bold]Examples[/bold]
 
 def extend(
     ctx: typer.Context,
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="A local Llama directory, or a hub name "
-                                        "(when online)."),
+    model: Init = None,
     # the help of --method and --preset lists what is registered (posbench.cli.registry_help.ExtendHelp)
     method: Optional[str] = typer.Option(None, "--method", help="The extension method."),
-    preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Preset ('posbench ls presets')."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the data order and the new parameters."),
-    device: str = typer.Option("auto", "--device", help="auto (cuda, mps, cpu), cpu, cuda, cuda:N, mps."),
-    out_dir: Path = typer.Option(Path("results"), "--out", "-o", help="Results root directory."),
-    sets: list[str] = typer.Option([], "--set", "-s", help="Override a key: section.key=value (sections: train, "
-                                   "method (the method's options), task). Repeatable."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed extend run directory."),
-    logs: list[str] = typer.Option([], "--log", help="Log the training to csv, tensorboard or wandb (repeatable): "
-                                   "loss, learning rate, gradient norm, tokens/s and the final metrics."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Resolve and print the configuration (JSON); run and "
-                                 "write nothing."),
+    preset: Preset = None,
+    seed: Seed = None,
+    device: Device = "auto",
+    out_dir: Out = None,
+    sets: Sets = [],
+    resume: Resume = None,
+    logs: Logs = [],
+    quiet: Quiet = False,
+    dry_run: DryRun = False,
 ) -> None:
     """Extend a Llama's context window (and fine-tune it, unless the method is training-free); writes
     results/extend/<model>+<method>/<run-id>/.
@@ -51,11 +48,13 @@ def extend(
 
     Every setting of the extend task, of train and of model is a flag (below): --length 8192 and --data SOURCE
     (both needed), --scale 2, --steps 100, --lr 2e-5; and so is every option of the method (--tape-gate scalar)."""
-    from posbench.cli.setting_flags import for_encoding, own_options, sets_from_flags
+    from posbench.cli.run import parse_seeds
+    from posbench.cli.setting_flags import for_encoding, own_options, settings_from_flags
     from posbench.errors import ConfigError
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
 
+    out_dir = Path("results") if out_dir is None else out_dir
     with user_errors():
         reporter = progress_reporter(quiet)
         if resume is not None:
@@ -66,20 +65,24 @@ def extend(
         else:
             flags = ["--length" if word == "-l" else word for word in ctx.args]       # -l: --length, as before
             chosen = [method] if method else []
-            settings = [*for_encoding(sets_from_flags(flags, "extend", "extend", own_options(ctx.command), chosen),
-                                      "extend", method), *sets]
-            given = {item.partition("=")[0].strip().removeprefix("task.") for item in settings}   # data, task.data
+            settings = for_encoding(settings_from_flags(flags, "extend", "extend", own_options(ctx.command), chosen),
+                                    "extend", method)
+            given = {s.key for s in settings if s.section == "task"} | \
+                {item.partition("=")[0].strip().removeprefix("task.") for item in sets}   # --set data, task.data
             missing = [flag for flag, value in (("--model", model), ("--method", method),
                                                 ("--length", "length" in given or None),
                                                 ("--data", "data" in given or None)) if value is None]
             if missing:
                 raise ConfigError(f"extend needs {', '.join(missing)} (see 'posbench extend --help')")
-            config = resolve_run_config("extend", method, preset, seed=seed, device=device, init=model,
-                                        sets=settings, init_flag="--model", logs=logs)
+            configs = [resolve_run_config("extend", method, preset, seed=s, device=device, init=model,
+                                          settings=settings, sets=sets, init_flag="--model", logs=logs)
+                       for s in parse_seeds(seed, None)]
             if dry_run:
-                show_configs([config])
+                show_configs(configs)
                 return
-            outcome = runner.execute(config, out_dir, reporter=reporter, command=["posbench", *sys.argv[1:]])
+            for config in configs:
+                show(runner.execute(config, out_dir, reporter=reporter, command=["posbench", *sys.argv[1:]]))
+            return
         show(outcome)
 
 

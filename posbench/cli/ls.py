@@ -33,12 +33,18 @@ LS_EPILOG = """[bold]Examples[/bold]
 LS_KINDS = ("encodings", "tasks", "presets", "methods")
 
 
-def ls(what: Optional[str] = typer.Argument(None, help="encodings, tasks, presets or methods (default: all)."),
-       name: Optional[str] = typer.Argument(None, help="one encoding, task or method: its options in full.")) -> None:
+def ls(words: Optional[list[str]] = typer.Argument(
+        None, metavar="WHAT [NAME]", help="WHAT: encodings, tasks, presets or methods (default: all); NAME: one "
+        "encoding, task or method, its options in full (a task's presets with 'presets').")) -> None:
     """List encodings, tasks, presets and extension methods: name, description, origin (built-in or plugin), key
     defaults, each preset's expected time. With a NAME: that one's every option (default, range, help)."""
     with user_errors():
+        from posbench.errors import ConfigError
         from posbench.registry import UnknownNameError
+
+        if words and len(words) > 2:
+            raise ConfigError(f"ls takes WHAT and NAME at most; got {' '.join(words)}")
+        what, name = ([*(words or []), None, None])[:2]
 
         if what is not None and what not in LS_KINDS:
             raise UnknownNameError("listing", what, list(LS_KINDS))

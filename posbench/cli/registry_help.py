@@ -135,6 +135,11 @@ class SweepHelp(SettingsHelp):
 class BenchHelp(SettingsHelp):
     task = "bench"
 
+    def listing(self) -> str:
+        from posbench.cli.setting_flags import flags_help, own_options
+
+        return flags_help(self.task, {*own_options(self), "--steps"})      # train.steps: bench refuses it
+
 
 class RunHelp(SettingFlags):
     fills = {"encoding": encodings_help, "task": tasks_help, "preset": presets_help}

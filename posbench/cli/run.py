@@ -9,6 +9,8 @@ from typing import Optional
 import typer
 
 from posbench.cli.common import err, out, progress_reporter, resume_run, show_configs, split_names, user_errors
+from posbench.cli.shared_options import (Device, DryRun, Encoding, Init, Logs, Out, Preset, Quiet, Resume, Seed,
+                                         Sets, Task)
 
 RUN_EPILOG = """[bold]Examples[/bold]
 
@@ -31,28 +33,20 @@ RUN_EPILOG = """[bold]Examples[/bold]
 def run(
     ctx: typer.Context,
     # the help of --encoding, --task and --preset lists what is registered (posbench.cli.registry_help.RunHelp)
-    encoding: Optional[str] = typer.Option(None, "--encoding", "-e",
-                                           help="Encoding name, or several separated by commas (run in turn)."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name ('posbench ls tasks')."),
-    preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Preset ('posbench ls presets')."),
-    seed: Optional[str] = typer.Option(None, "--seed", help="Seed for Python, NumPy, torch and the training "
-                                       "data (default 0); several separated by commas run each encoding under "
-                                       "each seed in turn."),
+    encoding: Encoding = None,
+    task: Task = None,
+    preset: Preset = None,
+    seed: Seed = None,
     seeds: Optional[int] = typer.Option(None, "--seeds", help="Run every encoding under seeds 0..N-1 "
                                         "(same as --seed 0,1,...,N-1)."),
-    device: str = typer.Option("auto", "--device", help="auto (cuda, mps, cpu), cpu, cuda, cuda:N, mps."),
-    out_dir: Path = typer.Option(Path("results"), "--out", "-o", help="Results root directory."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run directory."),
-    init: Optional[Path] = typer.Option(None, "--init", help="Start from a model: a run directory (its checkpoint; "
-                                        "an extend run too), a posbench export, or a Hugging Face model directory "
-                                        "or hub name."),
-    sets: list[str] = typer.Option([], "--set", "-s", help="Override a config key: [section.]key=value "
-                                   "(sections: model, encoding, train, task). Repeatable."),
-    logs: list[str] = typer.Option([], "--log", help="Log the training to csv, tensorboard or wandb (repeatable): "
-                                   "loss, learning rate, gradient norm, tokens/s and the final metrics."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Resolve and print the configuration (JSON); run and "
-                                 "write nothing."),
+    device: Device = "auto",
+    out_dir: Out = None,
+    resume: Resume = None,
+    init: Init = None,
+    sets: Sets = [],
+    logs: Logs = [],
+    quiet: Quiet = False,
+    dry_run: DryRun = False,
 ) -> None:
     """Train and evaluate one or more encodings on a task; writes results/<task>/<encoding>/<run-id>/ (or continues
     a killed run, of any task: --resume).
@@ -64,6 +58,7 @@ def run(
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
 
+    out_dir = Path("results") if out_dir is None else out_dir
     with user_errors():
         reporter = progress_reporter(quiet)
         if resume is not None:
@@ -75,16 +70,16 @@ def run(
             return
         if task is None:
             raise ConfigError("--task is required ('posbench ls tasks' lists them)")
-        from posbench.cli.setting_flags import for_encoding, own_options, sets_from_flags
+        from posbench.cli.setting_flags import for_encoding, own_options, settings_from_flags
 
         names = split_names(encoding) if encoding else [None]
         if encoding is not None and not names:
             raise ConfigError("--encoding is empty")
-        flags = sets_from_flags(list(ctx.args), task, "run", own_options(ctx.command), [n for n in names if n])
+        flags = settings_from_flags(list(ctx.args), task, "run", own_options(ctx.command), [n for n in names if n])
         # seed-major: every encoding under seed 0, then under seed 1, ... (a stopped sweep stays balanced)
         configs = [resolve_run_config(task, name, preset, seed=s, device=device,
-                                      init=str(init) if init is not None else None,
-                                      sets=[*for_encoding(flags, task, name), *sets], logs=logs)
+                                      init=str(Path(init)) if init is not None else None,
+                                      settings=for_encoding(flags, task, name), sets=sets, logs=logs)
                    for s in parse_seeds(seed, seeds) for name in names]
         if dry_run:
             show_configs(configs)

@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from posbench.cli.common import out, user_errors
+from posbench.cli.shared_options import Format
 
 SCORE_EPILOG = """[bold]Examples[/bold]
 
@@ -21,15 +22,17 @@ SCORE_EPILOG = """[bold]Examples[/bold]
 
 
 def score(
-    predictions: Path = typer.Argument(..., help="JSON file {id: prediction}."),
+    predictions: Path,
     dataset: str = typer.Option(..., "--dataset", "-d", help="gov_report, summ_screen_fd, qmsum, narrative_qa, "
                                 "qasper, quality or contract_nli."),
     data: Optional[str] = typer.Option(None, "--data", help="DIR with DIR/<dataset>/<split>.jsonl (default: "
                                        "the hub's tau/scrolls, needs a network)."),
     split: str = typer.Option("validation", "--split", help="The split holding the references."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table or json (the official metric's keys)."),
+    fmt: Format = "table",
 ) -> None:
-    """Score a SCROLLS predictions file with the official metric (validated like the official verifier)."""
+    """Score a SCROLLS predictions file with the official metric (validated like the official verifier).
+
+    PREDICTIONS: a JSON file {id: prediction}."""
     from rich.table import Table
 
     from posbench.tasks.scrolls.data import load_split

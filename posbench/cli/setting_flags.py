@@ -5,9 +5,13 @@ has the name) or ``--rope-theta 500000`` (always; with several encodings it sets
 sets every chosen encoding that declares ``theta``). Nothing is declared here: the flags are made, when the command
 line is read, from the one declaration of each option (``posbench.options``: a task's ``OPTIONS``, ``TrainConfig``'s
 and ``ModelConfig``'s fields), so their names, types, defaults, ranges and help cannot drift from what ``--set``,
-presets and ``posbench ls`` use. A flag becomes a ``--set`` entry, put before the command line's own ``--set``
-entries, so the one precedence is: declared default < preset < --init model < study < flags < ``--set`` (of a flag
-given twice, the last).
+presets and ``posbench ls`` use. A flag becomes a typed ``Setting`` (section, key, value: read here, once, as its
+declaration's type; never text again), applied before the command line's own ``--set`` entries, so the one
+precedence is: declared default < preset < --init model < study < flags < ``--set`` (of a flag given twice, the
+last).
+
+A setting's flag is its key with dashes, or its declaration's ``flag`` (bench's timed steps: ``--timed-steps``, as
+``--steps`` is ``train.steps`` in every command).
 
 Spellings: ``--name value``, ``--name=value``, underscores or dashes (``--new-tokens``); a true / false option
 also as ``--name`` alone (true) and ``--no-name`` (false). Lists are comma-separated (``--lengths 1024,8192``).
@@ -18,10 +22,13 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posbench.errors import ConfigError
 from posbench.options import Switch
+
+if TYPE_CHECKING:                       # (posbench.runs.config imports torch: read when flags are)
+    from posbench.runs.config import Setting
 
 #: the sections whose options are flags, in the order a name is looked up
 SECTIONS = ("task", "train", "model")
@@ -39,17 +46,13 @@ def declarations(task_name: str, encodings: Iterable[str] = ()) -> dict[str, tup
     when FIRE is chosen too) or the chosen encodings that declare it give it different types (DAPE's ``base`` is
     a name, Sandwich's a number)."""
     from posbench.options import declared
-    from posbench.tasks import TASKS
-    from posbench.train.config import TrainConfig
 
-    from posbench.runs.config import model_options
-
-    owners = {"task": declared(TASKS.get(task_name)), "train": declared(TrainConfig), "model": model_options()}
+    owners = section_options(task_name)
     found: dict[str, tuple[str, Any]] = {}
     for section in SECTIONS:
         for key, option in owners[section].items():
             if not getattr(option, "from_task", False):
-                found.setdefault(key.replace("_", "-"), (section, option))
+                found.setdefault(flag_name(key, option), (section, option))
     chosen = {name: {key: option for key, option in declared(cls).items()
                      if not getattr(option, "from_task", False)}          # what the task gives is no flag
               for name, cls in encoding_classes(task_name, encodings).items()}
@@ -65,6 +68,28 @@ def declarations(task_name: str, encodings: Iterable[str] = ()) -> dict[str, tup
     return found
 
 
+def section_options(task_name: str) -> dict[str, dict[str, Any]]:
+    """The declarations of the task's, train's and model's settings, by section."""
+    from posbench.options import declared
+    from posbench.runs.config import model_options
+    from posbench.tasks import TASKS
+    from posbench.train.config import TrainConfig
+
+    return {"task": declared(TASKS.get(task_name)), "train": declared(TrainConfig), "model": model_options()}
+
+
+def flag_name(key: str, option: Any) -> str:
+    """A setting's flag, without its dashes: its ``Option.flag`` if it has one (bench's ``steps`` is
+    ``timed-steps``), else its key with dashes (``new_tokens``: ``new-tokens``)."""
+    return getattr(option, "flag", "") or key.replace("_", "-")
+
+
+def renamed_keys(task_name: str) -> dict[str, str]:
+    """``timed_steps`` -> ``steps``: the key each setting whose flag is not its key's name sets."""
+    return {flag.replace("-", "_"): key for options in section_options(task_name).values()
+            for key, option in options.items() if (flag := getattr(option, "flag", ""))}
+
+
 def encoding_classes(task_name: str, names: Iterable[str]) -> dict[str, Any]:
     """The classes of ``names`` in the registry the task's runs choose from (its model source's)."""
     from posbench.tasks import TASKS
@@ -74,37 +99,44 @@ def encoding_classes(task_name: str, names: Iterable[str]) -> dict[str, Any]:
     return {name: registry.get(name) for name in names if registry.get(name) is not None}
 
 
-def for_encoding(sets: list[str], task_name: str, name: str | None) -> list[str]:
-    """The entries of ``sets_from_flags`` that apply to the run of encoding ``name``: an ``encoding.KEY`` entry
-    when that encoding declares KEY (``--theta`` with ``-e rope,alibi`` sets RoPE's theta, and ALiBi has none), an
-    ``encoding:NAME.KEY`` entry (``--rope-theta``) for that encoding only, every other entry as it is."""
+def for_encoding(settings: list[Setting], task_name: str, name: str | None) -> list[Setting]:
+    """The ``settings_from_flags`` that apply to the run of encoding ``name``: an ``encoding`` setting when that
+    encoding declares its key (``--theta`` with ``-e rope,alibi`` sets RoPE's theta, and ALiBi has none), an
+    ``encoding:NAME`` one (``--rope-theta``) for that encoding only, every other as it is."""
     from posbench.options import declared
 
     cls = encoding_classes(task_name, [name] if name else []).get(name)
     own = set(declared(cls)) if cls is not None else set()
     kept = []
-    for entry in sets:
-        target, _, rest = entry.partition(".")
-        key = rest.partition("=")[0]
-        if target == "encoding" and key not in own:
+    for setting in settings:
+        if setting.section == "encoding" and setting.key not in own:
             continue
-        if target.startswith(ONE_ENCODING):
-            if target != ONE_ENCODING + str(name):
+        if setting.section.startswith(ONE_ENCODING):
+            if setting.section != ONE_ENCODING + str(name):
                 continue
-            entry = "encoding." + rest
-        kept.append(entry)
+            setting = setting._replace(section="encoding")
+        kept.append(setting)
     return kept
 
 
-def sets_from_flags(args: list[str], task_name: str, command: str, own: Iterable[str] = (),
-                    encodings: Iterable[str] = ()) -> list[str]:
-    """The ``--set`` entries (``section.key=value``) that the flags ``args`` name; one ``ConfigError`` line for
-    an unknown flag (with the nearest names, the command's ``own`` options among them) or a stray word. With
-    ``encodings``, their options are flags too: pass each run's entries through ``for_encoding``."""
+def settings_from_flags(args: list[str], task_name: str, command: str, own: Iterable[str] = (),
+                        encodings: Iterable[str] = ()) -> list[Setting]:
+    """The typed ``Setting``s that the flags ``args`` name; one ``ConfigError`` line for an unknown flag (with the
+    nearest names, the command's ``own`` options among them), a stray word or a value of the wrong type. With
+    ``encodings``, their options are flags too: pass each run's settings through ``for_encoding``."""
+    from posbench.runs.config import Setting, typed
+
     where = (f"the {task_name} task's settings, train's, model's and the encoding's are flags: 'posbench ls tasks "
              f"{task_name}' lists the task's, 'posbench ls encodings NAME' an encoding's")
-    return [f"{section}.{option_key(section, key)}={value}" for section, key, value in
-            parse_flags(args, declarations(task_name, encodings), command, where, own)]
+    renamed = renamed_keys(task_name)
+    known = declarations(task_name, encodings)
+    found = []
+    for section, flag_key, value in parse_flags(args, known, command, where, own):
+        option = known[flag_key.replace("_", "-")][1]
+        key = option_key(section, renamed.get(flag_key, flag_key) if section in SECTIONS else flag_key)
+        at = "encoding" if section.startswith(ONE_ENCODING) else section
+        found.append(Setting(section, key, typed(f"{at}.{key}", value, option.default, option.limit)))
+    return found
 
 
 def option_key(section: str, key: str) -> str:
@@ -185,12 +217,14 @@ def flags_help(task_name: str, taken: set[str] = frozenset(), known: dict[str, t
     """The flags of a run of ``task_name`` (or ``known``), one line each, for ``--help`` (read when the help is
     shown); ``taken``: names the command declares itself (its own ``--encoding``), left out."""
     lines = []
+    renamed = renamed_keys(task_name) if known is None else {}
     for name, (section, option) in (known if known is not None else declarations(task_name)).items():
         if f"--{name}" in taken:
             continue
         default = ",".join(map(str, option.default)) if isinstance(option.default, list) else option.default
         default = "none" if default in ("", None) else default
-        lines.append(f"  --{name}  {option.help} ({section}.{name.replace('-', '_')}, default {default})")
+        key = name.replace("-", "_")
+        lines.append(f"  --{name}  {option.help} ({section}.{renamed.get(key, key)}, default {default})")
     return "\n\n".join(lines)
 
 

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from posbench.cli.common import err, out, user_errors
+from posbench.cli.shared_options import DryRun, Out, Quiet
 
 SWEEP_EPILOG = """[bold]Examples[/bold]
 
@@ -29,22 +30,22 @@ EXECUTORS = ("local", "slurm")
 
 def sweep(
     ctx: typer.Context,
-    study_file: Path = typer.Argument(..., metavar="STUDY.toml", help="The study file (docs/sweeps.md)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: "
-                                           "results/<study name>); one folder per cell under cells/."),
+    study_file: Path,
+    out_dir: Out = None,
     executor: str = typer.Option("local", "--executor", "-x", help="local (this machine) or slurm (one job per "
                                  "cell, through submitit)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="local: cells at a time (default: one per GPU, "
                                        "or 1 on CPUs); the cores are shared out among them."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Also run the cells that failed before "
                                       "(from their checkpoint when they have one)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no per-cell lines."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan (cells, expected times, where each "
-                                 "stands) and run nothing."),
+    quiet: Quiet = False,
+    dry_run: DryRun = False,
 ) -> None:
     """Run a study: every cell (task x encoding x preset x variant x seed) is one 'posbench run' with its own
     process, on this machine (--jobs N) or as a SLURM job; a rerun skips finished cells, resumes killed ones, and
-    reruns failed ones with --retry-failed. Ends with a table of every cell and the 'posbench compare' command."""
+    reruns failed ones with --retry-failed. Ends with a table of every cell and the 'posbench compare' command.
+
+    STUDY_FILE: the study file, a .toml (docs/sweeps.md)."""
     from posbench.cli.setting_flags import own_options, parse_flags, slurm_declarations
     from posbench.sweep.display import expected_total, plan_table
     from posbench.sweep.plan import expand, validate

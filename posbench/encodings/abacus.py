@@ -62,7 +62,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.encodings.base import ENCODINGS, PositionalEncoding
-from posbench.options import Bound, Each, OneOf, Option, OptionError, at_least
+from posbench.options import Added, Bound, Each, OneOf, Option, OptionError, at_least
 
 RUN, OFFSET = "abacus.run", "abacus.offset"     # keys of this encoding's entries in a KV cache's memory
 RELEASED_MAX_K = 99                             # mcleish7/arithmetic: random.randint(0, 99), the paper's k = 100
@@ -93,9 +93,9 @@ class Abacus(PositionalEncoding):
                                 "as the release draws both from one distribution)", Bound(low=0)),
         "attention_bias": Option("none", "a relative bias in attention beside the digit places: none (Abacus alone, "
                                          "attention without positions) or fire (McLeish et al.'s Abacus + FIRE)",
-                                 OneOf(("none", "fire"))),
+                                 OneOf(("none", "fire")), added=Added(2, "none")),
         "fire_init_l": Option(0.0, "with attention_bias=fire: FIRE's initial L (0: FIRE's own default, half the "
-                                   "training length; the arithmetic releases: 512)", Bound(low=0)),
+                                   "training length; the arithmetic releases: 512)", Bound(low=0), added=Added(2, 0.0)),
     }
 
     @classmethod

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from posbench.model.bias import ScoreBias, read_table
 from posbench.encodings.base import PositionalEncoding
-from posbench.options import Bound, OneOf, Option, OptionError, at_least
+from posbench.options import Added, Bound, OneOf, Option, OptionError, at_least
 
 
 def causal_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
@@ -63,7 +63,7 @@ class T5Bias(PositionalEncoding):
         "max_distance": Option(128, "where the log-spaced buckets end (> num_buckets / 2)", at_least(2)),
         "table_init": Option("x-transformers", "the table's init and scale as a release has it: x-transformers "
                              "(N(0, 1), times sqrt(head dim)) or t5 (N(0, d_model^-1/2), times 1)",
-                             OneOf(("x-transformers", "t5"))),
+                             OneOf(("x-transformers", "t5")), added=Added(2, "x-transformers")),
         "scale": Option(0.0, "the bias is the table entry times this (0: as table_init says)", Bound(low=0)),
     }
 

@@ -172,7 +172,7 @@ def load_pretrained(source: Any, config: Any, vocab_size: int) -> tuple[HFCausal
         raise ConfigError(f"model.attention={attention!r}: a Hugging Face model runs with {', '.join(ATTENTION)}")
     device = pick_device(config.device)
     model, method, meta = load_extended(source.model_dir, dtype=default_dtype(device), device="cpu",
-                                        attention=ATTENTION[attention], trainable=int(config.train.get("steps", 0)) > 0)
+                                        attention=ATTENTION[attention], trainable=config.training.steps > 0)
     if vocab_size > model.config.vocab_size:
         raise ConfigError(f"--init {source.given}: the tokenizer has {vocab_size} tokens, the model's vocabulary "
                           f"only {model.config.vocab_size}")

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from posbench.model.attention import BACKENDS
-from posbench.options import OneOf, OptionError, at_least, check_fields, option, positive
+from posbench.options import Added, OneOf, OptionError, at_least, check_fields, option, positive
 
 #: the fields that shape the backbone (docs/encodings.md, "Backbones"); their defaults are the pre-norm decoder
 BACKBONE = ("norm", "norm_position", "mlp", "embedding_norm", "head_mlp", "recurrences", "eval_recurrences",
@@ -35,31 +35,36 @@ class ModelConfig:
     max_seq_len: int = option(256, "the training length (encodings that need it read it from here)", at_least(0))
     encoding: str = option("rope", "the positional encoding (posbench ls encodings)")
     encoding_options: dict[str, Any] = field(default_factory=dict)
-    attention: str = option("auto", "the attention backend", OneOf(("auto", *sorted(BACKENDS))))
+    attention: str = option("auto", "the attention backend", OneOf(("auto", *sorted(BACKENDS))),
+                            changes_results=False)       # every backend computes the same attention
     norm_eps: float = option(1e-5, "the norms' epsilon", positive())
     init_std: float = option(0.02, "the standard deviation of the N(0, std) initialisation", positive())
     # The backbone (docs/encodings.md, "Backbones"). The defaults are the pre-norm decoder; the arithmetic releases'
     # depth-recurrent class (zhuconv/arithmetic, mcleish7/arithmetic) is norm=layer, norm_position=post, mlp=geglu,
     # embedding_norm, head_mlp, input_injection, state_std=0.02, init_scheme=deepnorm, norm_eps=1e-12.
     norm: str = option("rms", "the norm: rms (RMSNorm, no bias) or layer (LayerNorm, with its bias)",
-                       OneOf(("rms", "layer")))
+                       OneOf(("rms", "layer")), added=Added(2, "rms"))
     norm_position: str = option("pre", "pre: x + f(norm(x)); post: norm(x + f(x)) (the depth-recurrent class)",
-                                OneOf(("pre", "post")))
+                                OneOf(("pre", "post")), added=Added(2, "pre"))
     mlp: str = option("swiglu", "the gated MLP: swiglu (SiLU gate) or geglu (exact GELU gate)",
-                      OneOf(("swiglu", "geglu")))
+                      OneOf(("swiglu", "geglu")), added=Added(2, "swiglu"))
     embedding_norm: bool = option(False, "normalise the input embeddings (token and encoding's table) before "
-                                         "the first block")
-    head_mlp: bool = option(False, "a gated MLP (no residual) between the last block and the final norm")
+                                         "the first block", added=Added(2, False))
+    head_mlp: bool = option(False, "a gated MLP (no residual) between the last block and the final norm",
+                            added=Added(2, False))
     recurrences: int = option(1, "how many times the n_layers blocks run, in turn, while training (weights "
-                                 "shared)", at_least(1))
-    eval_recurrences: int = option(0, "recurrences at evaluation (0: as while training)", at_least(0))
+                                 "shared)", at_least(1), added=Added(2, 1))
+    eval_recurrences: int = option(0, "recurrences at evaluation (0: as while training)", at_least(0),
+                                   added=Added(2, 0))
     input_injection: bool = option(False, "add the input embeddings to the hidden state at the entry of every "
-                                          "recurrence, onto an initial state (zero, or N(0, state_std))")
+                                          "recurrence, onto an initial state (zero, or N(0, state_std))",
+                                  added=Added(2, False))
     state_std: float = option(0.0, "with input_injection: the std of the random initial state drawn at every "
-                                   "training forward pass (0: zero); at evaluation it is zero", at_least(0))
+                                   "training forward pass (0: zero); at evaluation it is zero", at_least(0),
+                              added=Added(2, 0.0))
     init_scheme: str = option("normal", "the model's own weights: normal (N(0, init_std)) or deepnorm (Xavier normal, "
                                  "gain (8 L)^-1/4 but 1 for queries and keys; embeddings N(0, d_model^-1/2))",
-                       OneOf(("normal", "deepnorm")))
+                       OneOf(("normal", "deepnorm")), added=Added(2, "normal"))
 
     def __post_init__(self):
         check_fields(self, "model")

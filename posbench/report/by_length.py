@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from posbench.evaluation.metrics import METRICS
 from posbench.report.best import RULE, mark_best
 from posbench.report.structure import Cell, Row, TaskTable, grid_values
 from posbench.stats import seed_interval
@@ -90,8 +91,10 @@ def by_length_table(table: TaskTable, name: str, items: list[tuple[Row, list[dic
     for row in rows:
         for column in columns:
             row.cells.setdefault(column, Cell(None))
-    hib = {c: True for c in columns}
-    axes = items[0][1][0]["axes"]
+    grid = items[0][1][0]                       # its quantity's direction, as declared (else as recorded)
+    higher = METRICS.higher_is_better(table.task, str(grid.get("metric")), grid.get("higher_is_better", True))
+    hib = {c: higher for c in columns}
+    axes = grid["axes"]
     trained = f" (trained to {shape(items[0][1][0])[1]})" if several else ""
     derived = TaskTable(table.task, None, columns, hib, rows, grouped=table.grouped, kind="by_length",
                         title=f"{table.heading}: {name} by the longer length, "

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from posbench.report import grouping
+from posbench.report.comparison import Comparison
 from posbench.report.structure import Row, TaskTable
 from posbench.report.best import RULE, mark_best
 from posbench.report.tables import incomplete_note, metric_cell, metric_columns, run_id
@@ -40,11 +41,11 @@ def makes_model(run: RunRecord) -> bool:
     return bool(started_from) and str(run.config.label or run.encoding) != str(started_from)
 
 
-def model_of(run: RunRecord) -> tuple[str, RunRecord | None]:
+def model_of(comparison: Comparison, run: RunRecord) -> tuple[str, RunRecord | None]:
     """(the model's identity, the model's own run when readable)."""
     if makes_model(run):
         return _where(run.path), run
-    return _where(run.init_given), grouping.init_result(run)
+    return _where(run.init_given), comparison.parent(run)
 
 
 def model_label(model_run: RunRecord | None, identity: str, evaluations: list[RunRecord] = ()) -> str:
@@ -54,33 +55,34 @@ def model_label(model_run: RunRecord | None, identity: str, evaluations: list[Ru
     return str(model_run.config.label or model_run.encoding)
 
 
-def evaluation_fingerprint(run: RunRecord) -> str:
+def evaluation_fingerprint(comparison: Comparison, run: RunRecord) -> str:
     """The settings of an evaluation that decide its columns: all but the encoding, the model it evaluates (its
     ``--init`` run) and that model's own settings (``model.*``), which identify the row, never the columns."""
-    return grouping.fingerprint(run, with_init=False, without=("model.",))
+    return grouping.fingerprint(comparison, run, with_init=False, without=("model.",))
 
 
-def _task_variants(runs: list[RunRecord]) -> dict[str, list[str]]:
+def _task_variants(comparison: Comparison, runs: list[RunRecord]) -> dict[str, list[str]]:
     """task -> its distinct evaluation settings fingerprints, in first-seen order."""
     out: dict[str, list[str]] = {}
     for run in runs:
         fps = out.setdefault(str(run.task), [])
-        fp = evaluation_fingerprint(run)
+        fp = evaluation_fingerprint(comparison, run)
         if fp not in fps:
             fps.append(fp)
     return out
 
 
-def models_table(runs: list[RunRecord]) -> TaskTable:
+def models_table(comparison: Comparison, runs: list[RunRecord]) -> TaskTable:
     runs = [r for r in runs if r.bench is None]
-    variants = _task_variants([r for r in runs if not makes_model(r)])
+    variants = _task_variants(comparison, [r for r in runs if not makes_model(r)])
     models: dict[str, dict[str, Any]] = {}
     for run in runs:
-        identity, own = model_of(run)
+        identity, own = model_of(comparison, run)
         entry = models.setdefault(identity, {"run": own, "by_column": {}})
         entry["run"] = entry["run"] or own
         fps = variants.get(str(run.task), []) if not makes_model(run) else []
-        prefix = str(run.task) + (f"#{fps.index(evaluation_fingerprint(run)) + 1}" if len(fps) > 1 else "")
+        prefix = str(run.task) + (f"#{fps.index(evaluation_fingerprint(comparison, run)) + 1}"
+                                  if len(fps) > 1 else "")
         entry["by_column"].setdefault(prefix, []).append(run)
     # tasks whose runs are themselves models (pretrain) first, then the others by name
     own_tasks = {str(m["run"].task) for m in models.values() if m["run"] is not None}
@@ -100,7 +102,7 @@ def models_table(runs: list[RunRecord]) -> TaskTable:
     for identity, m in models.items():
         label = labels[identity]
         if label in repeated:
-            seed = grouping.seed_of(m["run"]) if m["run"] is not None else None
+            seed = grouping.seed_of(comparison, m["run"]) if m["run"] is not None else None
             label = f"{label} (seed {seed}, {run_id(m['run']) if m['run'] else Path(identity).name})"
         cells = {}
         for column in columns:
@@ -108,7 +110,7 @@ def models_table(runs: list[RunRecord]) -> TaskTable:
             cells[column] = metric_cell(m["by_column"].get(prefix, []), name)
         all_runs = [r for rs in m["by_column"].values() for r in rs]
         encoding = str(m["run"].encoding) if m["run"] is not None else label
-        seed = grouping.seed_of(m["run"]) if m["run"] is not None else None
+        seed = grouping.seed_of(comparison, m["run"]) if m["run"] is not None else None
         rows.append(Row(label, encoding, run_id(m["run"]) if m["run"] else identity, identity, seed, cells, None,
                         all_runs))
     tested = mark_best(rows, columns, hib)
@@ -118,8 +120,8 @@ def models_table(runs: list[RunRecord]) -> TaskTable:
     for task, fps in variants.items():
         if len(fps) > 1:
             task_runs = [[r for r in runs if str(r.task) == task and not makes_model(r)
-                          and evaluation_fingerprint(r) == fp][:1] for fp in fps]
-            apart, _ = grouping.distinguishing(task_runs)
+                          and evaluation_fingerprint(comparison, r) == fp][:1] for fp in fps]
+            apart, _ = grouping.distinguishing(comparison, task_runs)
             for i, a in enumerate(apart):
                 shown = [f"{k}={grouping.show(v)}" for k, v in a.items()
                          if not k.startswith(("encoding.", "model.")) and k != "init"]

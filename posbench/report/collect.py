@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from posbench.report import grouping
 from posbench.report.bench import bench_table
 from posbench.report.by_length import by_length_tables
+from posbench.report.comparison import Comparison
 from posbench.report.structure import Report
 from posbench.report.by_model import models_table
-from posbench.report.paired import add_differences, forget_scores, said
+from posbench.report.paired import add_differences
 from posbench.report.tables import build_table, unusable_values
 from posbench.runs.record import RunRecord
 from posbench.runs.store import scan_runs
@@ -18,24 +18,24 @@ from posbench.runs.store import scan_runs
 
 def collect(root: Path | str, task: str | None = None, *, by_run: bool = False, against: str | None = None,
             by_model: bool = False) -> Report:
-    """Read every run under ``root`` (optionally one task) into tables; unreadable runs go to ``problems``."""
-    grouping.forget()
-    forget_scores()
+    """Read every run under ``root`` (optionally one task) into tables; unreadable runs go to ``problems``. One
+    ``Comparison`` serves the whole compare: each ``--init`` record and predictions file is read once."""
     runs, problems = scan_runs(Path(root))
     if task is not None:
         runs = [r for r in runs if r.task == task]
+    comparison = Comparison()
     if by_model:
-        return Report([models_table(runs)] if runs else [], problems, unusable_values(runs))
+        return Report([models_table(comparison, runs)] if runs else [], problems, unusable_values(runs))
     by_task: dict[str, list[RunRecord]] = {}
     for run in runs:
         if run.bench is None:
             by_task.setdefault(str(run.task), []).append(run)
     tables = []
     for name, items in sorted(by_task.items()):
-        table = build_table(name, items, by_run=by_run)
+        table = build_table(name, items, by_run=by_run, comparison=comparison)
         if against is not None:
-            add_differences(table, against)
+            add_differences(comparison, table, against)
         tables.append(table)
         tables += by_length_tables(table)
     tables += [bench_table(run) for run in runs if run.bench is not None]
-    return Report(tables, problems, unusable_values(runs) + said())
+    return Report(tables, problems, unusable_values(runs) + comparison.said)

@@ -5,103 +5,35 @@ Seeds are paired by number (seed s of one encoding with seed s of the other; see
 out). Examples are paired when the task says how its metrics are built from its per-example results
 (``Task.example_scores``: arithmetic, passkey, SCROLLS), every run of both rows scored the same examples (the
 same keys) and those results rebuild the metric each run recorded; otherwise the metric is paired across
-seeds only (perplexity), and a note says so.
+seeds only (perplexity), and a note says so. Each run's per-example scores are read once per compare
+(``Comparison.scores``, from ``predictions``).
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-from posbench.errors import UserError
 from posbench.report import grouping
+from posbench.report.comparison import Comparison
 from posbench.report.structure import DifferenceRow, Row, TaskTable, num
-from posbench.files import (MAX_PREDICTIONS_BYTES, MAX_PREDICTIONS_ROWS, TooLarge, inside, plain_or_gzipped,
-                            read_jsonl)
 from posbench.runs.record import RunRecord
-from posbench.runs.store import PREDICTIONS_FILE
 from posbench.stats import ExampleScores, StratifiedBootstrap, paired_difference
-
-_scores: dict[str, ExampleScores | None] = {}
-_said: list[str] = []          # one line per run whose predictions were not read, and why
-
-
-def forget_scores() -> None:
-    _scores.clear()
-    _said.clear()
-
-
-def said() -> list[str]:
-    """The lines ``example_scores`` had to say since ``forget_scores``: each run's predictions it refused to read
-    (a path from the record that leaves the run's folder, a file past its size bound) or could not read."""
-    return list(_said)
-
-
-def example_scores(run: RunRecord) -> ExampleScores | None:
-    """The run's per-example scores (its task's ``example_scores`` over its predictions), or None."""
-    key = str(run.path)
-    if key not in _scores:
-        _scores[key] = _load_scores(run)
-    return _scores[key]
-
-
-def predictions_file(run: RunRecord) -> tuple[Path | None, str | None]:
-    """The run's predictions file (``predictions.jsonl``, or the name its record gives, plain or gzipped) and
-    None; or None and why it is not read: the record names an absolute path, or a path (or a link) that leads
-    out of the run's folder, which compare never reads. (None, None): the run has no predictions file."""
-    named = run.predictions or PREDICTIONS_FILE
-    if not isinstance(named, str):
-        return None, f"its record names predictions {str(named)[:80]!r}, not a file name"
-    if Path(named).is_absolute():
-        return None, f"its record names predictions at the absolute path {named[:200]!r}; only a file inside the " \
-                     f"run's folder is read"
-    run_dir = Path(str(run.path))
-    path = plain_or_gzipped(run_dir / named)
-    if path is None:
-        return None, None
-    if not inside(run_dir, path):
-        return None, f"its predictions {named[:200]!r} lead outside the run's folder (to {path.resolve()}); not read"
-    return path, None
-
-
-def _load_scores(run: RunRecord) -> ExampleScores | None:
-    from posbench.tasks import TASKS
-
-    path, refused = predictions_file(run)
-    if path is None:
-        if refused:
-            _said.append(f"{run.path}: {refused}; paired across seeds only")
-        return None
-    try:
-        rows = read_jsonl(path, limit=MAX_PREDICTIONS_BYTES, max_rows=MAX_PREDICTIONS_ROWS)
-    except TooLarge as exc:
-        _said.append(f"{run.path}: {path.name} {exc}; not read, paired across seeds only")
-        return None
-    except (OSError, ValueError, EOFError, zlib.error, RecursionError) as exc:
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        _said.append(f"{run.path}: {path.name} is unreadable ({reason}); paired across seeds only")
-        return None
-    try:
-        return TASKS.get(str(run.task)).example_scores(run, rows) if rows else None
-    except (UserError, OSError, ValueError, KeyError, TypeError, IndexError):
-        return None        # rows that do not rebuild the task's scores: the table's note says "seeds only"
 
 
 def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-3)      # recorded metrics may be rounded to 4 decimals
 
 
-def example_functions(a_runs: list[RunRecord], b_runs: list[RunRecord], metric: str,
+def example_functions(comparison: Comparison, a_runs: list[RunRecord], b_runs: list[RunRecord], metric: str,
                       memo: dict | None = None) -> dict[str, Any] | None:
     """The per-example pairing of ``metric`` between the runs (seed-aligned lists), or None. ``memo``: the
     aligned scores already built in this compare (a reference run is paired with every row: aligned once, and
     its metric function is the same object, so the bootstrap resamples it once)."""
     memo = {} if memo is None else memo
     runs = a_runs + b_runs
-    scores = [example_scores(r) for r in runs]
+    scores = [comparison.scores(r) for r in runs]
     if any(s is None or metric not in s.metrics for s in scores):
         return None
     first = str(runs[0].path)                        # every run's examples in the order of the first run's
@@ -135,19 +67,19 @@ def value_of(run: RunRecord, metric: str) -> float | None:
     return num(found.value) if found is not None else None
 
 
-def _core(run: RunRecord) -> dict[str, Any]:
-    return {k: v for k, v in grouping.settings(run).items() if not k.startswith("encoding.")}
+def _core(comparison: Comparison, run: RunRecord) -> dict[str, Any]:
+    return {k: v for k, v in grouping.settings(comparison, run).items() if not k.startswith("encoding.")}
 
 
-def reference_for(row: Row, refs: list[Row]) -> Row | None:
+def reference_for(comparison: Comparison, row: Row, refs: list[Row]) -> Row | None:
     """The reference row with the same settings as ``row``, encoding aside."""
     if not row.runs:
         return None
-    core = _core(row.runs[0])
-    return next((ref for ref in refs if ref.runs and _core(ref.runs[0]) == core), None)
+    core = _core(comparison, row.runs[0])
+    return next((ref for ref in refs if ref.runs and _core(comparison, ref.runs[0]) == core), None)
 
 
-def add_differences(table: TaskTable, reference: str) -> None:
+def add_differences(comparison: Comparison, table: TaskTable, reference: str) -> None:
     table.against = reference
     refs = [r for r in table.rows if r.encoding == reference]
     if not refs:
@@ -159,12 +91,12 @@ def add_differences(table: TaskTable, reference: str) -> None:
     for row in table.rows:
         if row.encoding == reference:
             continue
-        ref = reference_for(row, refs)
+        ref = reference_for(comparison, row, refs)
         if ref is None:
             table.notes.append(f"--against {reference}: no {reference} row with the settings of {row.label}")
             continue
-        a_by_seed = {str(grouping.seed_of(r)): r for r in ref.runs}
-        b_by_seed = {str(grouping.seed_of(r)): r for r in row.runs}
+        a_by_seed = {str(grouping.seed_of(comparison, r)): r for r in ref.runs}
+        b_by_seed = {str(grouping.seed_of(comparison, r)): r for r in row.runs}
         common = sorted(set(a_by_seed) & set(b_by_seed))
         if not common:
             table.notes.append(f"--against {reference}: {row.label} shares no seed with {ref.label}")
@@ -175,7 +107,7 @@ def add_differences(table: TaskTable, reference: str) -> None:
             b = [value_of(r, metric) for r in b_runs]
             if any(v is None for v in a + b):
                 continue
-            pairing = example_functions(a_runs, b_runs, metric, aligned) or {}
+            pairing = example_functions(comparison, a_runs, b_runs, metric, aligned) or {}
             if not pairing:
                 seeds_only.add(metric)
             else:

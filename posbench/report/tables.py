@@ -6,23 +6,27 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from posbench.evaluation.metrics import METRICS
 from posbench.report import grouping
 from posbench.report.best import RULE, mark_best
+from posbench.report.comparison import Comparison
 from posbench.report.plateau import still_improving
 from posbench.report.structure import Cell, Row, TaskTable, grid_values, num, unusable_grid_values
 from posbench.runs.record import RunRecord
-from posbench.stats import seed_interval
 
 
-def build_table(task: str, runs: list[RunRecord], *, by_run: bool = False) -> TaskTable:
+def build_table(task: str, runs: list[RunRecord], *, by_run: bool = False,
+                comparison: Comparison | None = None) -> TaskTable:
+    """``comparison``: what the compare read once (``collect`` passes its own; a new one when not given)."""
+    comparison = Comparison() if comparison is None else comparison
     columns, hib, primary = metric_columns(runs)
     if by_run:
         rows = [run_row(run, columns, _by_run_label(run, runs)) for run in runs]
         notes: list[str] = []
     else:
-        groups, repeated = grouping.group_runs(runs)
-        apart, differing = grouping.distinguishing(groups)
-        rows = [group_row(group, columns, grouping.label(str(group[0].encoding), a), a)
+        groups, repeated = grouping.group_runs(comparison, runs)
+        apart, differing = grouping.distinguishing(comparison, groups)
+        rows = [group_row(comparison, group, columns, grouping.label(str(group[0].encoding), a), a)
                 for group, a in zip(groups, apart)]
         notes = [line for line in [grouping.versions_note(task, runs)] if line]
         if differing:
@@ -42,6 +46,8 @@ def build_table(task: str, runs: list[RunRecord], *, by_run: bool = False) -> Ta
 
 
 def metric_columns(runs: list[RunRecord]) -> tuple[list[str], dict[str, bool], str | None]:
+    """The table's columns (the primary metric first, or the task's own order), which way each is better (as the
+    metric registry declares it, else as the run recorded it) and the primary metric."""
     primary = next((r.primary_metric for r in runs if r.primary_metric), None)
     columns: list[str] = []
     hib: dict[str, bool] = {}
@@ -49,7 +55,7 @@ def metric_columns(runs: list[RunRecord]) -> tuple[list[str], dict[str, bool], s
         for name, metric in run.metrics.items():
             if name not in columns:
                 columns.append(name)
-                hib[name] = bool(metric.higher_is_better)
+                hib[name] = METRICS.higher_is_better(str(run.task), name, metric.higher_is_better)
     if primary in columns:
         columns.remove(primary)
         columns.insert(0, primary)
@@ -149,7 +155,8 @@ def improving_note(rows: list[Row], primary: str | None) -> str | None:
 def metric_cell(runs: list[RunRecord], name: str) -> Cell:
     """One cell from the runs of a row: one run as it is, several as the mean with a 95% interval. A cell that
     pools fewer of the row's runs than the row has (a run without the metric, or with a value that is not a
-    number) says how many of them (``1 of 2 seeds``); a value a run recorded as incomplete is flagged."""
+    number) says how many of them (``1 of 2 seeds``); a value a run recorded as incomplete is flagged. The seeds
+    pool as the metric registry says (``posbench.evaluation.metrics``: the mean, perplexities too)."""
     measured = [(run, run.metrics.get(name)) for run in runs]
     metrics = [m for _, m in measured if m is not None]
     flags = ["incomplete"] if any(m is not None and incomplete(run, name) for run, m in measured) else []
@@ -167,7 +174,7 @@ def metric_cell(runs: list[RunRecord], name: str) -> Cell:
         return Cell(value, num(m.stderr) if value is not None else None, m.n if m is not None else None,
                     values=[value] if value is not None else [], flag=flag)
     values = [v for v, _ in finite]
-    interval = seed_interval(values)
+    interval = METRICS.pooling(str(runs[0].task), name)(values)
     return Cell(interval.mean, None, finite[0][1].n, half_width=interval.half_width, seeds=interval.n,
                 values=values, flag=flag)
 
@@ -182,9 +189,10 @@ def run_row(run: RunRecord, columns: list[str], label: str) -> Row:
                {c: metric_cell([run], c) for c in columns}, _train_s([run]), [run])
 
 
-def group_row(group: list[RunRecord], columns: list[str], label: str, apart: dict[str, Any]) -> Row:
+def group_row(comparison: Comparison, group: list[RunRecord], columns: list[str], label: str,
+              apart: dict[str, Any]) -> Row:
     first = group[0]
-    seeds = [grouping.seed_of(r) for r in group]
+    seeds = [grouping.seed_of(comparison, r) for r in group]
     return Row(label, str(first.encoding), ", ".join(run_id(r) for r in group), str(first.path),
                seeds[0] if len(group) == 1 else seeds, {c: metric_cell(group, c) for c in columns},
                _train_s(group), list(group), apart)

@@ -6,14 +6,18 @@ A run's configuration has four sections, each a flat dict of typed keys:
   ``attention``, ...). ``vocab_size`` and ``encoding`` are not keys: the task and ``--encoding`` set them.
 - ``encoding``: the options of the chosen encoding (or, for ``extend``, of the extension method), e.g.
   ``encoding.theta=500``; ``method.KEY`` is accepted as a synonym.
-- ``train``: ``TrainConfig`` fields (``steps``, ``batch_size``, ``lr``, ``warmup_ratio``, ...).
+- ``train``: ``TrainConfig`` fields (``steps``, ``batch_size``, ``lr``, ``warmup_ratio``, ...); the resolved
+  config carries them typed too, as one ``TrainConfig`` (``RunConfig.training``: built here, once, and passed
+  down to the runner, the task's phases and the trainer).
 - ``task``: the task's own options (e.g. ``task.train_digits=6``, ``task.data=PATH``).
 
 Resolution, in one place (``resolve_run_config``): built-in defaults, the task's preset, the ``--init``
-model's architecture (resolved once into an ``InitSource``), flags (``--steps``, ``--data``...), ``--set``, the
-task's own adjustments (``Task.adjust``), the encoding options only the task can give (``Task.encoding_context``
-for the keys the encoding names in ``task_context``: Abacus's ``digit_ids``; refused in one line on a task that
-gives none), then every key coerced and range-checked by ``posbench.options``.
+model's architecture (resolved once into an ``InitSource``), the typed ``settings`` (``Setting``: section, key,
+typed value; the command line's flags, made so by ``posbench.cli.setting_flags``), the ``sets`` text
+(``--set`` entries, a study's: each parsed once here, located and typed), the task's own adjustments
+(``Task.adjust``), the encoding options only the task can give (``Task.encoding_context`` for the keys the
+encoding names in ``task_context``: Abacus's ``digit_ids``; refused in one line on a task that gives none), then
+every section range-checked by its one check (``posbench.options``, ``ModelConfig``'s, ``TrainConfig``'s).
 ``--set`` accepts ``section.key=value`` or a bare ``key=value`` when the key exists in exactly one section.
 Errors are one line (``ConfigError``).
 """
@@ -22,20 +26,32 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, NamedTuple
 
 from posbench import options as opts
 from posbench.errors import ConfigError
 from posbench.model.config import RENAMED, current_names
 from posbench.runs.init import InitSource, resolve_init
 
-__all__ = ["ConfigError", "RunConfig", "resolve_run_config", "with_source", "apply_overrides"]
+__all__ = ["ConfigError", "RunConfig", "Setting", "resolve_run_config", "with_source", "apply_overrides"]
 
 SECTIONS = ("model", "encoding", "train", "task")
 MAX_SEED = 2**32 - 1                    # NumPy's seeds: 0 .. 2**32 - 1
 SECTION_SYNONYMS = {"method": "encoding"}
 MODEL_KEYS_EXCLUDED = ("vocab_size", "encoding", "encoding_options")
+
+
+class Setting(NamedTuple):
+    """One setting as the command line gave it, read once: its section (``model``, ``train``, ``task``,
+    ``encoding``; a flag that names its encoding, ``--rope-theta``: ``encoding:rope`` until
+    ``posbench.cli.setting_flags.for_encoding`` picks each run's), its key and its typed value."""
+
+    section: str
+    key: str
+    value: Any
 
 
 @dataclass
@@ -86,6 +102,20 @@ class RunConfig:
         return {"model": self.model, "encoding": self.encoding_options, "train": self.train,
                 "task": self.task_options}[name]
 
+    @cached_property
+    def training(self) -> Any:
+        """The ``train`` section as one typed ``TrainConfig`` (the runner, the task's phases and the trainer take
+        this one): ``resolve_run_config`` sets the one it checked; a recorded config (``--resume``) builds it when
+        first asked."""
+        return train_config(self.train)
+
+
+def train_config(values: dict[str, Any]) -> Any:
+    """The one place a run's ``TrainConfig`` is built from its ``train`` section (and so checked)."""
+    from posbench.train.config import TrainConfig
+
+    return TrainConfig(**values)
+
 
 # ---- --set and the other overrides ---------------------------------------------------------------------------
 
@@ -98,16 +128,38 @@ def parse_assignment(text: str) -> tuple[str, str]:
     return key, value.strip()
 
 
+def typed(where: str, value: Any, like: Any, limit: Any = None) -> Any:
+    """``value`` (text from the command line, or a preset's TOML value) as the type of ``like`` (a ``Switch`` key:
+    true, false or auto); the ranges are checked when the sections are complete."""
+    return limit.parse(where, value) if isinstance(limit, opts.Switch) else opts.coerce(where, value, like)
+
+
+def read_settings(sections: dict[str, dict[str, Any]], overrides: dict[str, Any] | Sequence[tuple[str, Any]],
+                  origin: str = "--set", limits: dict[str, dict[str, Any]] | None = None) -> list[Setting]:
+    """``{"section.key" or "key": value}`` (or those pairs, in order) as ``Setting``s: each key located in
+    ``sections`` (one line for an unknown or ambiguous one), each value typed as its key's."""
+    found = []
+    for raw_key, value in (overrides.items() if isinstance(overrides, dict) else overrides):
+        section, key = locate_key(sections, raw_key, origin)
+        where = raw_key if "." in raw_key else f"{section}.{key}"       # as written (method.r is encoding.r)
+        found.append(Setting(section, key, typed(where, value, sections[section][key],
+                                                 (limits or {}).get(section, {}).get(key))))
+    return found
+
+
+def apply_settings(sections: dict[str, dict[str, Any]], settings: Sequence[Setting]) -> None:
+    """The typed ``settings`` onto ``sections``, in order (of one key given twice, the last)."""
+    for setting in settings:
+        if setting.key not in sections.get(setting.section, {}):
+            raise ConfigError(f"{setting.section}.{setting.key}: unknown setting")
+        sections[setting.section][setting.key] = setting.value
+
+
 def apply_overrides(sections: dict[str, dict[str, Any]], overrides: dict[str, Any], origin: str = "--set",
                     limits: dict[str, dict[str, Any]] | None = None) -> None:
     """Apply ``{"section.key" or "key": value}`` onto ``sections`` in place, coerced to each key's type (a
     ``Switch`` key to true, false or auto); the ranges are checked when the sections are complete."""
-    for raw_key, value in overrides.items():
-        section, key = locate_key(sections, raw_key, origin)
-        limit = (limits or {}).get(section, {}).get(key)
-        where = raw_key if "." in raw_key else f"{section}.{key}"       # as written (method.r is encoding.r)
-        sections[section][key] = limit.parse(where, value) if isinstance(limit, opts.Switch) else \
-            opts.coerce(where, value, sections[section][key])
+    apply_settings(sections, read_settings(sections, overrides, origin, limits))
 
 
 def locate_key(sections: dict[str, dict[str, Any]], raw_key: str, origin: str = "--set") -> tuple[str, str]:
@@ -164,11 +216,12 @@ def limits_of(options: dict[str, opts.Option]) -> dict[str, opts.Limit]:
 
 def resolve_run_config(task: str, encoding: str | None, preset: str | None = None, *,
                        seed: int | None = None, device: str | None = None, init: str | None = None,
-                       sets: list[str] | tuple[str, ...] = (), logs: list[str] | tuple[str, ...] = (),
-                       init_flag: str = "--init") -> RunConfig:
-    """The one precedence: the declared defaults -> the task's preset -> the ``--init`` model -> ``sets`` in their
-    order (a study's, then the command line's flags and ``--set``: the flags are made into ``--set`` entries by
-    ``posbench.cli.setting_flags``) -> the task's adjustments; everything coerced and range-checked."""
+                       settings: Sequence[Setting] = (), sets: Sequence[str] = (),
+                       logs: list[str] | tuple[str, ...] = (), init_flag: str = "--init") -> RunConfig:
+    """The one precedence: the declared defaults -> the task's preset -> the ``--init`` model -> the typed
+    ``settings`` in their order (the command line's flags: ``posbench.cli.setting_flags``) -> the ``sets`` text in
+    their order (``--set section.key=value`` entries, a study's: each parsed once, here) -> the task's
+    adjustments; everything range-checked, and the ``train`` section built into its ``TrainConfig``."""
     from posbench.tasks import TASKS
     from posbench.tasks.presets import preset_of
 
@@ -196,22 +249,23 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
         sections["train"]["steps"] = 0
     if source is not None:
         models.take_init(sections, source, task_cls.OPTIONS)
-    assignments = dict(parse_assignment(item) for item in sets)
-    apply_overrides(sections, assignments, limits=limits)
+    given = [*settings, *read_settings(sections, [parse_assignment(item) for item in sets], limits=limits)]
+    apply_settings(sections, given)
     task_cls.adjust(sections, source)
-    fill_task_context(task_cls, encoding, encoding_cls, sections,
-                      {locate_key(sections, key) for key in assignments})
+    fill_task_context(task_cls, encoding, encoding_cls, sections, {(s.section, s.key) for s in given})
     checked = check_sections(task_cls, encoding_cls, sections)
     if logs:
         from posbench.loggers import validate
 
         logs = validate(logs)                      # an unknown name or a missing package: one line, now
-    return RunConfig(task=task, encoding=encoding, preset=preset, task_version=task_cls.version,
-                     label=task_cls.label_for(encoding, source, checked["task"]),
-                     seed=0 if seed is None else int(seed), device=device or "auto",
-                     init=str(init) if init is not None else None, source=source, model=checked["model"],
-                     encoding_options=checked["encoding"], train=checked["train"], task_options=checked["task"],
-                     logs=list(logs))
+    config = RunConfig(task=task, encoding=encoding, preset=preset, task_version=task_cls.version,
+                       label=task_cls.label_for(encoding, source, checked["task"]),
+                       seed=0 if seed is None else int(seed), device=device or "auto",
+                       init=str(init) if init is not None else None, source=source, model=checked["model"],
+                       encoding_options=checked["encoding"], train=checked["train"].to_dict(),
+                       task_options=checked["task"], logs=list(logs))
+    config.training = checked["train"]                  # the TrainConfig check_sections built: the run's own
+    return config
 
 
 def fill_task_context(task_cls: Any, encoding: str | None, encoding_cls: Any, sections: dict[str, dict[str, Any]],
@@ -242,13 +296,13 @@ def fill_task_context(task_cls: Any, encoding: str | None, encoding_cls: Any, se
 
 def check_sections(task_cls: Any, encoding_cls: Any, sections: dict[str, dict[str, Any]]) -> dict[str, dict]:
     """Every section through its one check, the one Python's constructors make too: ``ModelConfig``'s (the ranges
-    and the head split), ``TrainConfig``'s, the encoding's (or method's), the task's."""
+    and the head split), ``TrainConfig``'s (``train``: the ``TrainConfig`` itself, ``RunConfig.training``), the
+    encoding's (or method's), the task's."""
     from posbench.model import ModelConfig
-    from posbench.train.config import TrainConfig
 
     model = opts.resolve("model", model_defaults(), sections["model"], limits_of(model_options()), label="model.")
     ModelConfig(vocab_size=1, **model)
-    train = TrainConfig(**sections["train"]).to_dict()
+    train = train_config(sections["train"])
     encoding = encoding_cls.resolve(sections["encoding"]) if encoding_cls is not None else {}
     if encoding_cls is not None:
         from posbench.model.attention import check_encoding_backend

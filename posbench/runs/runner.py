@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from posbench.evaluation.metrics import METRICS
 from posbench.files import check_name
 from posbench.reporters import NullReporter
 from posbench.runs.config import RunConfig, with_source
@@ -32,7 +33,6 @@ from posbench.runs.store import (CHECKPOINT_DIR, RunLock, new_run_dir, now_iso, 
 from posbench.train import distributed
 from posbench.train.checkpoint import checkpoint_path
 from posbench.train.compile_watch import EagerFallbacks
-from posbench.train.config import TrainConfig
 from posbench.train.device import autocast, pick_device, resolve_precision, setup_device
 from posbench.train.seeds import seed_everything
 from posbench.train.trainer import Trainer
@@ -74,8 +74,7 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
     reporter = reporter if (reporter is not None and main) else NullReporter()
     task = TASKS.get(config.task)(config)
     task.validate()
-    train_cfg = TrainConfig(**config.train)
-    setup_device(device, train_cfg.threads)
+    setup_device(device, config.training.threads)
     fresh = run_dir is None
     run_dir = Path(distributed.run_on_main(lambda: str(open_run_dir(out_root, config, run_dir, lock))))
     try:
@@ -96,7 +95,7 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
     try:
         with fallbacks:
             trained = run_phases(task, model, run_dir, device, reporter, callbacks, loggers)
-            precision = resolve_precision(train_cfg.precision, device)
+            precision = resolve_precision(config.training.precision, device)
             eval_start = time.perf_counter()
             if model is not None:
                 model.eval()
@@ -115,7 +114,8 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
     training = training_record(trained)
     record = RunRecord(
         run_id=run_dir.name, task=config.task, encoding=config.label, preset=config.preset, config=config,
-        metrics=dict(evaluation.metrics), primary_metric=evaluation.primary, grids=dict(evaluation.grids),
+        metrics=METRICS.as_declared(config.task, evaluation.metrics), primary_metric=evaluation.primary,
+        grids=dict(evaluation.grids),
         model_config=model.config.to_dict() if model is not None else {}, training=training,
         timings=Timings(round(training.get("train_s", 0.0), 3), round(eval_s, 3),
                         round(total_seconds(time.perf_counter() - started, training.get("train_s", 0.0), eval_s,

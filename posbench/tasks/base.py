@@ -50,7 +50,13 @@ its own slice of every step's batch. ``SeededStream`` (batch k is a pure functio
 with several processes, but each of them builds every batch and keeps its rows. The loss mask is the batch's
 ``targets``: ``IGNORE_INDEX`` wherever no loss is taken.
 
-Evaluation returns ``Evaluation(metrics={name: Metric(value, stderr, n, higher_is_better)}, primary=name,
+Metrics: each metric the task records is declared once in the metric registry,
+``posbench.evaluation.metrics.register_metric(task, name, better="higher" | "lower", description=...)`` (a family
+``ppl_{n}x`` too), at the import of the task's module: compare's direction and pooling of seeds come from there,
+and the runner records the declared direction. ``example_scores`` (below) rebuilds those declared
+``per_example=True``.
+
+Evaluation returns ``Evaluation(metrics={name: Metric(value, stderr, n)}, primary=name,
 grids={name: Grid(metric, axes=[Axis(name, values), ...], values, stderr, n, meta)}, predictions=iterable of
 dicts)``. Grids with two axes are drawn as heatmaps by ``posbench compare --plots`` (``meta["train_max"] =
 {axis_name: max_trained_value}`` marks the training region), grids with one axis as curves.
@@ -179,7 +185,7 @@ class Task(Configurable):
 
     def phases(self) -> list[Phase]:
         """Training, in phases; default: one phase on ``train_stream()`` (none when ``train.steps`` is 0)."""
-        train = TrainConfig(**self.config.train)
+        train = self.config.training
         return [Phase("train", self.train_stream, train, loss=self.loss, probe=self.probe)] if train.steps > 0 else []
 
     def loss(self, model: nn.Module, batch) -> tuple[Tensor, int]:

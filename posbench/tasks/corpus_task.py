@@ -18,7 +18,7 @@ from posbench.data.lm import TokenStream, corpus_tokens, training_token_budget
 from posbench.data.sources import open_source
 from posbench.data.tokenizer import Tokenizer, build_tokenizer, parse_bpe_spec, tokenizer_from_spec
 from posbench.errors import ConfigError
-from posbench.options import Option, at_least
+from posbench.options import Added, Option, at_least
 from posbench.tasks.base import IndexedStream, Task
 
 BPE_TRAIN_CHARS = 2_000_000
@@ -166,11 +166,12 @@ class CorpusTask(TokenizerMixin, Task):
         "max_train_tokens": Option(0, "training tokens read from the corpus (0: what training uses, steps x batch_size "
                                    "x max_seq_len + 1; the built-in corpus: all of it)", at_least(0)),
         "eval_tokens": Option(65536, "held-out tokens evaluated (0: the whole held-out split)", at_least(0)),
-        "eval_batch_size": Option(8, "windows per forward pass in evaluation", at_least(1)),
+        "eval_batch_size": Option(8, "windows per forward pass in evaluation", at_least(1), changes_results=False),
         "bpe_train_chars": Option(BPE_TRAIN_CHARS, "characters of the training split a BPE tokenizer is trained on",
                                   at_least(1)),
         "start_token": Option(False, "begin every training and evaluation window with the tokenizer's BOS (windows "
-                                     "are cut mid-document; NoPE counts positions from a first token)"),
+                                     "are cut mid-document; NoPE counts positions from a first token)",
+                              added=Added(2, False)),
     }
 
     _train: TokenStream | None = None
@@ -216,9 +217,8 @@ class CorpusTask(TokenizerMixin, Task):
         """Training tokens to read (None: the whole split, the built-in corpus's default)."""
         if self.corpus.kind == "builtin" and not self.opts["max_train_tokens"]:
             return None
-        train = self.config.train
-        return training_token_budget(self.opts["max_train_tokens"], train.get("steps", 0),
-                                     train.get("batch_size", 1), self.train_length)
+        train = self.config.training
+        return training_token_budget(self.opts["max_train_tokens"], train.steps, train.batch_size, self.train_length)
 
     def train_tokens(self):
         if self._train is None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posbench import options as opts
-from posbench.options import OneOf, Switch, at_least, option, positive
+from posbench.options import Added, OneOf, Switch, at_least, option, positive
 
 PRECISIONS = ("auto", "fp32", "bf16")
 PARALLEL_MODES = ("ddp", "fsdp")
@@ -36,17 +36,20 @@ class TrainConfig:
     beta2: float = option(0.999, "AdamW's beta2", opts.Bound(0, 1, high_strict=True))
     eps: float = option(1e-8, "AdamW's epsilon", positive())
     grad_clip: float = option(1.0, "gradient-norm clipping (0: none)", at_least(0))
-    checkpoint_every: int = option(0, "steps between checkpoints (0: only at the end)", at_least(0))
+    checkpoint_every: int = option(0, "steps between checkpoints (0: only at the end)", at_least(0),
+                                   changes_results=False)
     log_every: int = option(50, "steps between reads of the loss from the device (and plain progress lines)",
-                            at_least(1))
+                            at_least(1), changes_results=False)
     probe_every: int = option(0, "steps between probes of the task's in-distribution metric during training (0: "
-                              "none; a task without a probe ignores it)", at_least(0))
+                              "none; a task without a probe ignores it)", at_least(0), changes_results=False)
     precision: str = option("auto", "auto (bf16 autocast on CUDA, fp32 elsewhere), fp32 or bf16", OneOf(PRECISIONS))
-    compile: Any = option("auto", "torch.compile: auto (on for CUDA, off elsewhere), true or false", Switch())
+    compile: Any = option("auto", "torch.compile: auto (on for CUDA, off elsewhere), true or false", Switch(),
+                          changes_results=False)
     parallel: str = option("ddp", "several processes: ddp (replicas) or fsdp (FSDP2 shards)", OneOf(PARALLEL_MODES))
     threads: int = option(0, "CPU threads (0: the cores the process may run on, shared among torchrun's ranks)",
-                          at_least(0))
-    checkpointing: bool = option(False, "recompute each block's activations in the backward pass (less memory)")
+                          at_least(0), changes_results=False)
+    checkpointing: bool = option(False, "recompute each block's activations in the backward pass (less memory)",
+                                 added=Added(2, False))
 
     def __post_init__(self):
         opts.check_fields(self, "train")

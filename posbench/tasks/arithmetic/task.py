@@ -30,6 +30,7 @@ import torch
 
 from posbench.data.batch import IGNORE_INDEX, Batch
 from posbench.data.char import BOS, EOS, PAD, SPECIALS, UNK, CharTokenizer
+from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
 from posbench.options import Option, at_least
 from posbench.tasks.base import IndexedStream, Task, config_hash
@@ -178,18 +179,26 @@ def summarise(grid: dict[tuple[int, int], tuple[int, int]], train_digits: int) -
     metrics = {}
     for name, cells in groups.items():
         if not cells:
-            metrics[name] = Metric(None, None, 0, True)
+            metrics[name] = Metric(None, None, 0)
             continue
         value = 100 * sum(c[0] for c in cells) / len(cells)
         if all(c[1] is not None for c in cells):
             stderr = 100 * math.sqrt(sum(c[1] ** 2 for c in cells)) / len(cells)
         else:
             stderr = None
-        metrics[name] = Metric(value, stderr, sum(c[2] for c in cells), True)
+        metrics[name] = Metric(value, stderr, sum(c[2] for c in cells))
     return metrics
 
 
 # ---- the task ----------------------------------------------------------------------------------------------
+
+register_metric("arithmetic", "accuracy", better="higher", per_example=True,
+                description="exact-match accuracy (%), the mean of every grid cell's")
+register_metric("arithmetic", "accuracy_id", better="higher", per_example=True,
+                description="exact-match accuracy (%) of the cells with both operands no longer than in training")
+register_metric("arithmetic", "accuracy_ood", better="higher", per_example=True,
+                description="exact-match accuracy (%) of the cells with an operand longer than in training")
+
 
 class Arithmetic(Task):
     name = "arithmetic"
@@ -199,7 +208,7 @@ class Arithmetic(Task):
         "eval_digits": Option(0, "longest operand in the evaluation grid (0: 2 x train_digits)", at_least(0)),
         "eval_samples": Option(100, "examples per grid cell (the paper: 100)", at_least(1)),
         "eval_seed": Option(42, "seed of the evaluation examples (the same for every encoding)", at_least(0)),
-        "eval_batch_size": Option(1024, "prompts decoded together", at_least(1)),
+        "eval_batch_size": Option(1024, "prompts decoded together", at_least(1), changes_results=False),
     }
 
     @classmethod

@@ -24,6 +24,7 @@ against the device's dense bf16 peak.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -142,18 +143,18 @@ def compile_counts() -> tuple[int, int]:
     return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
 
 
-def train_step(model, length: int, batch: int, device: torch.device, train: dict[str, Any], rounds: int,
+def train_step(model, length: int, batch: int, device: torch.device, train: Any, rounds: int,
                compile_options: dict[str, Any] | None = None) -> Callable[[], float]:
     """One optimizer step of the engine's ``Trainer`` per call; returns its milliseconds. ``compile_options``
-    (when given): the model compiled as the engine does (``torch.compile`` of the module), with these options."""
+    (when given): the model compiled as the engine does (``torch.compile`` of the module), with these options.
+    ``train``: the run's ``TrainConfig``, its recipe kept and its schedule made the timed one's."""
     from posbench.data.batch import Batch
-    from posbench.train.config import TrainConfig
     from posbench.train.trainer import Trainer
 
     tokens = random_tokens(model.config.vocab_size, batch, length + 1, device)
     data = Batch(tokens[:, :-1], tokens[:, 1:], target_count=batch * length)
-    cfg = TrainConfig(**{**train, "steps": rounds, "batch_size": batch, "grad_accum": 1, "checkpoint_every": 0,
-                         "log_every": rounds, "checkpointing": False, "compile": False})
+    cfg = dataclasses.replace(train, steps=rounds, batch_size=batch, grad_accum=1, checkpoint_every=0,
+                              log_every=rounds, checkpointing=False, compile=False)
     trainer = Trainer(model, FixedBatch(data), cfg, device=device)
     if compile_options is not None:
         trainer.forward = torch.compile(trainer.replica.module, **compile_options)

@@ -88,7 +88,7 @@ class Bench(Task):
         "mode": Option("train", "train (the engine's optimizer step), forward, or decode (ms per new token)",
                        OneOf(MODES)),
         "warmup": Option(3, "untimed steps first", at_least(0)),
-        "steps": Option(10, "timed steps per cell (the median is reported)", at_least(1)),
+        "steps": Option(10, "timed steps per cell (the median is reported)", at_least(1), flag="timed-steps"),
         "new_tokens": Option(32, "decode: tokens per timed run", at_least(1)),
         "peak_tflops": Option(0.0, "the device's dense bf16 peak (0: known GPUs are recognised)", at_least(0)),
         "vocab_size": Option(256, "the models' vocabulary", at_least(2)),
@@ -96,7 +96,7 @@ class Bench(Task):
                                   "aot_eager (trace only: checks the graphs, times nothing real)",
                                   OneOf(COMPILE_BACKENDS)),
         "cells_to": Option("", "also append every cell, one JSON line, to this file the moment it finishes (a GPU "
-                               "call's $OUT: a kill keeps every finished cell); empty: none"),
+                               "call's $OUT: a kill keeps every finished cell); empty: none", changes_results=False),
     }
     default_preset = "small"
     model_source = OWN                            # a model per cell, built by the task itself
@@ -144,7 +144,7 @@ class Bench(Task):
         if torch.is_autocast_enabled(device.type):
             raise RuntimeError("bench's evaluate ran inside autocast: each step enters its own, and a surrounding "
                                "autocast keeps every cell's weights alive (and its casts stale) until it ends")
-        precision = resolve_precision(self.config.train["precision"], device)
+        precision = resolve_precision(self.config.training.precision, device)
         peak, peak_source = speed.device_peak(device, o["peak_tflops"] or None)
         total = len(o["lengths"]) * len(o["encodings"]) * (o["warmup"] + o["steps"])
         bar = reporter.task(f"bench {o['mode']}", total=total, unit="step")
@@ -192,7 +192,7 @@ class Bench(Task):
     def compiled(self, device: torch.device) -> bool:
         from posbench.train.device import resolve_compile
 
-        return resolve_compile(self.config.train["compile"], device)
+        return resolve_compile(self.config.training.compile, device)
 
     def compile_options(self, device: torch.device) -> dict[str, Any] | None:
         """``torch.compile``'s options for the cells (None: not compiled): the backend, and CUDA graphs for
@@ -222,7 +222,7 @@ class Bench(Task):
         from posbench.encodings import ENCODINGS
         from posbench.model import ModelConfig, Transformer
 
-        o, train = self.opts, self.config.train
+        o, train = self.opts, self.config.training
         rounds = o["warmup"] + o["steps"]
         try:
             torch.manual_seed(0)

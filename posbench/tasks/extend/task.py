@@ -23,6 +23,7 @@ from typing import Any
 
 
 from posbench.errors import ConfigError
+from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Evaluation, Metric
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
 from posbench.options import Option, at_least
@@ -30,6 +31,14 @@ from posbench.tasks.corpus_task import CorpusTask
 from posbench.tasks.extend.source import EXTENDED_LLAMA
 
 MODEL_SUBDIR = "checkpoint/model"
+
+
+register_metric("extend", "train_loss", better="lower",
+                description="the training loss at the last step of the extension's fine-tuning")
+register_metric("extend", "val_ppl", better="lower",
+                description="held-out perplexity at the extended length (non-overlapping chunks)")
+register_metric("extend", "val_loss", better="lower",
+                description="held-out mean negative log-likelihood per token (nats) at the extended length")
 
 
 class Extend(CorpusTask):
@@ -43,7 +52,7 @@ class Extend(CorpusTask):
                                    at_least(0)),
         "eval_tokens": Option(0, "held-out tokens evaluated at the new length (0: the whole held-out split)",
                               at_least(0)),
-        "eval_batch_size": Option(1, "windows per forward pass in evaluation", at_least(1)),
+        "eval_batch_size": Option(1, "windows per forward pass in evaluation", at_least(1), changes_results=False),
     }
     default_preset = "small"
 
@@ -101,7 +110,7 @@ class Extend(CorpusTask):
                                f"max_position_embeddings): extension needs a length >= {original}")
         self.method.rope_parameters(self.base, self.scale)       # refuses RoPE types it cannot interpolate
         self.method.check_length(self.opts["length"])
-        self.method.check_steps(self.config.train["steps"])      # a training-free method (ntk) takes none
+        self.method.check_steps(self.config.training.steps)      # a training-free method (ntk) takes none
         super().validate()
         if self.tokenizer.vocab_size > self.base.vocab_size:
             raise HFModelError(f"the tokenizer of {self.source.given} has {self.tokenizer.vocab_size} tokens, more "
@@ -110,9 +119,7 @@ class Extend(CorpusTask):
     def train_tokens(self):
         if self._train is None and not self.opts["max_train_tokens"]:
             from posbench.data.lm import token_stream
-            from posbench.train.config import TrainConfig
-
-            train = TrainConfig(**self.config.train)
+            train = self.config.training
             budget = train.steps * train.batch_size * self.opts["length"] + 1
             self._train = token_stream(self.corpus, "train", self.tokenizer, budget)
         return super().train_tokens()
@@ -124,15 +131,15 @@ class Extend(CorpusTask):
         metrics: dict[str, Metric] = {}
         final_loss = (phases.get("train") or {}).get("training", {}).get("final_loss")
         if final_loss is not None:
-            metrics["train_loss"] = Metric(final_loss, None, None, higher_is_better=False)
+            metrics["train_loss"] = Metric(final_loss, None, None)
         bar = reporter.task("eval", total=1, unit="length")
         res = evaluate_ppl(model, self.eval_tokens().tokens, self.opts["length"], "chunks",
                            batch_size=self.opts["eval_batch_size"], device=device)
         bar.update(1, ppl=res.perplexity)
         bar.close()
         if res.tokens_scored:
-            metrics["val_ppl"] = Metric(res.perplexity, None, res.tokens_scored, higher_is_better=False)
-            metrics["val_loss"] = Metric(res.mean_nll, None, res.tokens_scored, higher_is_better=False)
+            metrics["val_ppl"] = Metric(res.perplexity, None, res.tokens_scored)
+            metrics["val_loss"] = Metric(res.mean_nll, None, res.tokens_scored)
         primary = "val_ppl" if "val_ppl" in metrics else ("train_loss" if metrics else None)
         return Evaluation(metrics=metrics, primary=primary, info={"protocol": "chunks", **res.to_dict()})
 

@@ -35,6 +35,7 @@ import torch
 from posbench.data.batch import IGNORE_INDEX, Batch, next_token_pair
 from posbench.errors import ConfigError
 from posbench.evaluation import passkey as pk
+from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
 from posbench.options import Bound, Each, OneOf, Option, at_least, between
 from posbench.tasks.corpus_task import TokenizerMixin
@@ -92,6 +93,15 @@ class PasskeyStream(SeededStream):
         return Batch(tokens, targets)
 
 
+for _name, _what in (("accuracy", "every cell of the grid (longlora mode: every length point)"),
+                     ("accuracy_train_length", "the lengths up to the training length"),
+                     ("accuracy_beyond", "the lengths beyond the training length"),
+                     ("acc_{n}x", "the length n x the training length, every depth"),
+                     ("acc_{n}", "longlora mode: the length point of n tokens on average")):
+    register_metric("passkey", _name, better="higher", per_example=True,
+                    description=f"passkey retrieval accuracy (%): {_what}")
+
+
 class Passkey(TokenizerMixin, Task):
     name = "passkey"
     #: 2: a grid prompt and its answer are the grid length together, as in training (1: the prompt alone was)
@@ -113,7 +123,7 @@ class Passkey(TokenizerMixin, Task):
         "eval_seed": Option(0, "seed of the grid's keys (the same for every encoding)", at_least(0)),
         "max_tokens": Option(0, "longlora mode: --max_tokens (0: the largest grid length)", between(0, MAX_TOKENS)),
         "interval": Option(0, "longlora mode: --interval (0: the training length)", between(0, MAX_TOKENS)),
-        "eval_batch_size": Option(8, "prompts decoded together", between(1, 65_536)),
+        "eval_batch_size": Option(8, "prompts decoded together", between(1, 65_536), changes_results=False),
     }
 
     # ---- configuration ---------------------------------------------------------------------------------
@@ -255,7 +265,7 @@ class Passkey(TokenizerMixin, Task):
         value = 100 * sum(cell_accs) / len(cell_accs)
         errs = [_stderr(a, trials) for a in cell_accs]
         stderr = None if any(e is None for e in errs) else 100 * math.sqrt(sum(e * e for e in errs)) / len(errs)
-        return Metric(value, stderr, trials * len(cell_accs), True)
+        return Metric(value, stderr, trials * len(cell_accs))
 
     def _evaluate_longlora(self, model, device, reporter: Any) -> Evaluation:
         interval = self.opts["interval"] or self.train_length
@@ -292,7 +302,7 @@ class Passkey(TokenizerMixin, Task):
         metrics = {"accuracy": self._mean_metric(accs, trials)}
         for L, a in zip(avg_lengths, accs):
             metrics[f"acc_{L}"] = Metric(100 * a, None if _stderr(a, trials) is None else 100 * _stderr(a, trials),
-                                         trials, True)
+                                         trials)
         return Evaluation(metrics=metrics, primary="accuracy", grids={"accuracy_longlora": grid},
                           predictions=predictions,
                           info={"mode": "longlora", "max_tokens": max_tokens, "interval": interval,

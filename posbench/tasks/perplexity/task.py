@@ -19,11 +19,18 @@ from typing import Any
 
 from posbench.data.errors import DataError
 from posbench.errors import ConfigError
+from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
 from posbench.evaluation.perplexity import PROTOCOLS, SCORING
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
 from posbench.options import Each, OneOf, Option, at_least
 from posbench.tasks.corpus_task import CorpusTask
+
+
+register_metric("perplexity", "ppl_{n}x", better="lower",
+                description="held-out perplexity in non-overlapping chunks of n x the training length")
+register_metric("perplexity", "ppl_sliding_{n}x", better="lower",
+                description="held-out perplexity in sliding windows of n x the training length")
 
 
 class Perplexity(CorpusTask):
@@ -87,7 +94,7 @@ class Perplexity(CorpusTask):
                                    start_token=self.start_token)
                 factor = length // self.train_length
                 key = f"ppl_{factor}x" if protocol == "chunks" else f"ppl_sliding_{factor}x"
-                metrics[key] = Metric(res.perplexity, None, res.tokens_scored, higher_is_better=False)
+                metrics[key] = Metric(res.perplexity, None, res.tokens_scored)
                 values.append(res.perplexity)
                 details.append(res.to_dict())
                 done += 1
@@ -106,5 +113,5 @@ class Perplexity(CorpusTask):
                           info={"table_columns": list(metrics),
                                 "train_length": self.train_length, "lengths": lengths, "protocols": protocols,
                                 "score": self.opts["score"], "results": details,
-                                "evaluated_checkpoint": "init" if self.source and not self.config.train["steps"]
+                                "evaluated_checkpoint": "init" if self.source and not self.config.training.steps
                                 else "trained in this run"})

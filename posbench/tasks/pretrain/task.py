@@ -15,10 +15,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Evaluation, Metric
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
 from posbench.evaluation.perplexity import unigram_entropy
 from posbench.tasks.corpus_task import CorpusTask
+
+
+register_metric("pretrain", "val_ppl", better="lower",
+                description="held-out perplexity at the training length (non-overlapping chunks)")
+register_metric("pretrain", "val_loss", better="lower",
+                description="held-out mean negative log-likelihood per token (nats), the log of val_ppl")
+register_metric("pretrain", "unigram_ppl", better="lower",
+                description="perplexity of the held-out text's own unigram distribution: the best without context")
 
 
 class Pretrain(CorpusTask):
@@ -35,9 +44,9 @@ class Pretrain(CorpusTask):
             bar.close()
         entropy = unigram_entropy(tokens, self.tokenizer.vocab_size)
         metrics = {
-            "val_ppl": Metric(res.perplexity, None, res.tokens_scored, higher_is_better=False),
-            "val_loss": Metric(res.mean_nll, None, res.tokens_scored, higher_is_better=False),
-            "unigram_ppl": Metric(math.exp(entropy), None, len(tokens), higher_is_better=False),
+            "val_ppl": Metric(res.perplexity, None, res.tokens_scored),
+            "val_loss": Metric(res.mean_nll, None, res.tokens_scored),
+            "unigram_ppl": Metric(math.exp(entropy), None, len(tokens)),
         }
         return Evaluation(metrics=metrics, primary="val_ppl",
                           info={"protocol": "chunks", "length": self.train_length, **res.to_dict(),

@@ -32,6 +32,7 @@ from posbench.tasks.ruler.examples import data_spec, eval_seed, make_example, tr
 from posbench.tasks.ruler.kinds import KINDS, defaults
 from posbench.tasks.ruler.scoring import prediction_record
 from posbench.tasks.ruler.training import training_sequence
+from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
 from posbench.options import Each, OneOf, Option, at_least, between, positive
 from posbench.tasks.corpus_task import TokenizerMixin
@@ -65,6 +66,15 @@ def kind_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k in defaults(kind)}
 
 
+register_metric("ruler", "ruler", better="higher", per_example=True,
+                description="RULER score (string_match_all x100), the mean over every example")
+register_metric("ruler", "ruler_{n}x", better="higher", per_example=True,
+                description="RULER score (string_match_all x100) at n x the training length, every kind")
+for _kind in KINDS:
+    register_metric("ruler", _kind, better="higher", per_example=True,
+                    description=f"RULER score (string_match_all x100) of the {_kind} examples")
+
+
 class Ruler(TokenizerMixin, Task):
     name = "ruler"
     description = "RULER retrieval: multi-key/value/query needles and variable tracking on a length x depth grid"
@@ -82,7 +92,7 @@ class Ruler(TokenizerMixin, Task):
                          "answer sit", Each(between(0, 1))),
         "trials": Option(10, "examples per kind, length and depth (the same for every encoding)", at_least(1)),
         "eval_seed": Option(0, "seed of the evaluation examples", at_least(0)),
-        "eval_batch_size": Option(8, "prompts decoded together", at_least(1)),
+        "eval_batch_size": Option(8, "prompts decoded together", at_least(1), changes_results=False),
         "num_chains": Option(1, "vt: chains of assignments (one is asked)", at_least(1)),
         "num_hops": Option(4, "vt: assignments after the value in each chain", at_least(1)),
         "add_fewshot": Option(True, "vt: RULER's solved example before the question (needs ~700 more tokens of "
@@ -240,7 +250,7 @@ def stderr(values: list[float]) -> float | None:
 
 
 def metric(values: list[float]) -> Metric:
-    return Metric(mean(values), stderr(values), len(values), True)
+    return Metric(mean(values), stderr(values), len(values))
 
 
 def factor(length: int, train: int) -> str:

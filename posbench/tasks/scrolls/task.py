@@ -35,6 +35,7 @@ from posbench.tasks.scrolls import data as sd
 from posbench.data.batch import IGNORE_INDEX, Batch, next_token_pair
 from posbench.data.errors import DataError
 from posbench.errors import ConfigError
+from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Evaluation, Metric, mean_stderr
 from posbench.files import atomic_write_json
 from posbench.tasks.scrolls.metric import DATASET_TO_METRICS, scrolls as scrolls_metric, scrolls_score
@@ -51,6 +52,15 @@ COLUMN = dict(TABLE1)
 GEN_TOKENS = {"gov_report": 1024, "summ_screen_fd": 512, "qmsum": 512, "narrative_qa": 64, "qasper": 128,
               "quality": 128, "contract_nli": 8}
 BYTES_PER_TOKEN = 4
+
+
+SCORES = {"rouge": "the geometric mean of ROUGE-1, -2 and -L", "f1": "token F1", "exact_match": "exact match"}
+for _dataset, _column in TABLE1:
+    register_metric("scrolls", _column, better="higher", per_example=True,
+                    description=f"{_dataset}: the official SCROLLS score, "
+                                f"{SCORES[DATASET_TO_METRICS[_dataset]['metric']]} x100")
+register_metric("scrolls", "scrolls_score", better="higher", per_example=True,
+                description="the SCROLLS score: the mean of the data sets' scores (incomplete without all seven)")
 
 
 class ExampleStream(SeededStream):
@@ -88,7 +98,7 @@ class Scrolls(TokenizerMixin, Task):
                                  "table)"),
         "max_train_examples": Option(0, "train examples per data set (0: all)", at_least(0)),
         "max_eval_examples": Option(0, "validation examples per data set (0: all)", at_least(0)),
-        "eval_batch_size": Option(8, "prompts of equal length decoded together", at_least(1)),
+        "eval_batch_size": Option(8, "prompts of equal length decoded together", at_least(1), changes_results=False),
     }
 
     # ---- configuration ---------------------------------------------------------------------------------
@@ -207,9 +217,7 @@ class Scrolls(TokenizerMixin, Task):
 
     # ---- fine-tuning and evaluation, one phase per data set ----------------------------------------------
     def phases(self) -> list[Phase]:
-        from posbench.train.config import TrainConfig
-
-        train = TrainConfig(**self.config.train)
+        train = self.config.training
         seed = self.config.seed * 1000
         return [Phase(dataset, lambda d=dataset, i=i: self._stream(d, seed + i), train, from_start=True,
                       seed=seed + i, evaluate=lambda model, device, reporter, d=dataset:
@@ -246,14 +254,14 @@ class Scrolls(TokenizerMixin, Task):
             outcome = phases[dataset]
             result = outcome["evaluation"]
             official = result["official"]
-            metrics[COLUMN[dataset]] = Metric(official["scrolls_score"], result["stderr"], result["n_eval"], True)
+            metrics[COLUMN[dataset]] = Metric(official["scrolls_score"], result["stderr"], result["n_eval"])
             per_dataset[dataset] = {"official": official, "n_eval": result["n_eval"],
                                     "eval_prompts_truncated": result["eval_prompts_truncated"],
                                     "max_new_tokens": result["max_new_tokens"], "finetune": outcome["training"]}
             predictions += result["predictions"]
             self._hashes = {**self._hashes, **result.get("hashes", {})}
         score = scrolls_score({d: metrics[COLUMN[d]].value for d in self.datasets})
-        metrics["scrolls_score"] = Metric(score["value"], None, sum(m.n for m in metrics.values()), True)
+        metrics["scrolls_score"] = Metric(score["value"], None, sum(m.n for m in metrics.values()))
         columns = [COLUMN[d] for d, _ in TABLE1 if d in self.datasets] + ["scrolls_score"]
         metrics = {c: metrics[c] for c in columns}
         return Evaluation(metrics=metrics, primary="scrolls_score", predictions=predictions,
