@@ -11,7 +11,7 @@ import torch
 
 from posbench.cli import main
 from posbench.errors import ConfigError
-from posbench.tasks.bench import speed
+from posbench.bench import speed
 from posbench.model import ModelConfig, Transformer
 from posbench.runs import runner
 from posbench.runs.config import resolve_run_config
@@ -171,8 +171,8 @@ def test_one_cell_at_a_time_frees_its_model_before_the_next(monkeypatch):
     import weakref
 
     import posbench.model
-    from posbench.tasks import TASKS
-    from posbench.tasks.bench.task import Cell
+    from posbench.bench import Bench
+    from posbench.bench.measure import Cell
 
     built = []
     real = posbench.model.Transformer
@@ -186,7 +186,7 @@ def test_one_cell_at_a_time_frees_its_model_before_the_next(monkeypatch):
         return model
 
     monkeypatch.setattr(posbench.model, "Transformer", build)
-    task = TASKS["bench"](resolve_run_config("bench", None, "small", sets=[*TINY, "task.encodings=tape,alibi"]))
+    task = Bench(resolve_run_config("bench", None, "small", sets=[*TINY, "task.encodings=tape,alibi"]))
     cells = [Cell(e, 16, 2) for e in task.opts["encodings"]]
     ticks = []
     for cell in cells:
@@ -245,11 +245,26 @@ def test_no_cell_keeps_an_earlier_cells_weights(tmp_path, monkeypatch, mode):
 
 
 def test_bench_refuses_a_surrounding_autocast():
-    """Each step enters autocast itself; inside a surrounding one every cell's weights would live until it ends."""
+    """Each step enters autocast itself; inside a surrounding one every cell's weights would live until it ends
+    (the runner enters autocast around a Task's evaluation only, and bench is no Task)."""
+    from posbench.bench import Bench
     from posbench.reporters import NullReporter
-    from posbench.tasks import TASKS
+    from posbench.tasks import TASKS, Task
 
-    task = TASKS["bench"](resolve_run_config("bench", None, "small", sets=[*TINY, "task.encodings=nope"]))
-    assert not task.evaluate_in_autocast
+    task = Bench(resolve_run_config("bench", None, "small", sets=[*TINY, "task.encodings=nope"]))
+    assert not isinstance(task, Task) and "bench" not in TASKS
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(RuntimeError, match="inside autocast"):
         task.evaluate(None, torch.device("cpu"), NullReporter(), {})
+
+
+def test_bench_is_a_command_not_a_task(tmp_path, capsys):
+    """``posbench bench`` runs through the runner, but bench is no task: ``ls tasks`` leaves it out, ``run -t bench``
+    is one line naming the command (exit 2), and its presets are still listed."""
+    assert main(["ls", "tasks"]) == 0
+    assert "bench" not in capsys.readouterr().out.split()
+    assert main(["run", "-t", "bench", "--out", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: bench is not a task") and "posbench bench" in err and "\n" not in err
+    assert main(["ls", "presets", "bench"]) == 0
+    out = capsys.readouterr().out
+    assert "presets of task bench" in out and "paper" in out

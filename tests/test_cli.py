@@ -126,13 +126,14 @@ def test_resume_refuses_other_flags_and_finished_runs(capsys, tmp_path):
 def test_non_finite_loss_is_one_line_and_exit_code_1(capsys, tmp_path, monkeypatch):
     import torch
 
-    from posbench.data import batch
+    from posbench.train.trainer import Trainer
 
     def nan_loss(model, batch):
         logits = model(batch.tokens)
         return logits.sum() * float("nan"), batch.n_targets
 
-    monkeypatch.setattr(batch, "masked_cross_entropy", nan_loss)
+    real = Trainer.__init__                                      # every task trains on the trainer's own loss
+    monkeypatch.setattr(Trainer, "__init__", lambda self, *a, **k: real(self, *a, **{**k, "loss_fn": nan_loss}))
     code, _, err = run_cli(capsys, "run", "-e", "rope", "-t", "arithmetic", "-p", "tiny", "-q", "--out",
                            str(tmp_path))
     assert code == 1 and "Traceback" not in err

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import posbench.model.attention as attention
-from posbench.tasks.bench import speed
+from posbench.bench import speed
 from posbench.model import ModelConfig, Transformer
 
 from encoding_helpers import BUILTIN, CONTEXTUAL, has_bias, perturb_cope, perturb_tape, score_bias_of, task_context

@@ -18,7 +18,7 @@ import torch
 import posbench.model.attention as attention
 from posbench.model.bias import ScoreBias
 from posbench.model import ModelConfig, Transformer
-from posbench.tasks.bench import speed
+from posbench.bench import speed
 from posbench.train.device import setup_device
 
 from encoding_helpers import task_context

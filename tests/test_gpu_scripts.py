@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from posbench.encodings import ENCODINGS
-from posbench.tasks.bench import speed
+from posbench.bench import speed
 from posbench.runs import runner
 from posbench.runs.config import resolve_run_config
-from posbench.tasks.bench import Bench
+from posbench.bench import Bench
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu" / "run.sh"

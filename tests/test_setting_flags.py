@@ -30,8 +30,10 @@ def test_no_command_declares_a_setting_again():
 
 
 def test_bench_flags_are_the_tasks_train_and_model_declarations():
+    from posbench.bench import Bench
+
     known = declarations("bench")
-    bench = TASKS["bench"]
+    bench = Bench
     for key, option in declared(bench).items():
         assert known[option.flag or key.replace("_", "-")] == ("task", option)   # the same object: one declaration
     assert known["timed-steps"][0] == "task" and known["steps"][0] == "train"     # --steps: train.steps everywhere
@@ -177,7 +179,9 @@ def test_a_task_says_nothing_of_how_its_model_is_chosen_or_built():
         assert not hasattr(Task, member), member
     from posbench.tasks.model_source import FRESH, OWN
 
-    assert TASKS["perplexity"].model_source is FRESH and TASKS["bench"].model_source is OWN
+    from posbench.bench import Bench
+
+    assert TASKS["perplexity"].model_source is FRESH and Bench.model_source is OWN and "bench" not in TASKS
     assert type(TASKS["extend"].model_source).__name__ == "ExtendedLlama"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 MODULES = ["torch", "numpy", "typer", "click", "rich", "pydantic", "pydantic_core", "annotated_types",
            "typing_inspection", "shellingham", "markdown_it", "pygments", "safetensors", "pytest", "xdist", "execnet",
-           "posbench.cli", "posbench.model", "posbench.tasks.bench"]
+           "posbench.cli", "posbench.model", "posbench.bench"]
 
 
 def compile_smoke(device: str) -> str:

@@ -1,7 +1,7 @@
-"""The ``bench`` task: the speed benchmark of ``posbench bench``. Its folder: ``task.py`` (the task), ``speed.py``
-(one timed step of each mode), ``presets.toml``.
+"""``posbench bench``: the speed benchmark, a measurement the runner runs (not a task). Its folder: ``measure.py``
+(the cells and their timing), ``speed.py`` (one timed step of each mode), ``measure.toml`` (its presets).
 """
 
-from posbench.tasks.bench.task import Bench
+from posbench.bench.measure import Bench
 
 __all__ = ["Bench"]

@@ -1,8 +1,14 @@
-"""``bench``: the cost of each encoding, measured the same way for all of them (``posbench bench``).
+"""``posbench bench``: the cost of each encoding, measured the same way for all of them.
+
+Bench is not a task: it trains nothing and evaluates no model of the run. It is a measurement the one runner
+(``posbench.runs.runner``) runs like a task's run, so that its configuration (its ``task`` section, declared here in
+``Bench.OPTIONS``, with ``model`` and ``train``), run directory and record are a run's like any other:
+``posbench.runs.config.task_class("bench")`` gives this class where a task's would be, and ``posbench run -t
+bench`` is refused (``posbench bench`` is its command). Its presets are ``measure.toml`` beside this module.
 
 For every encoding and sequence length: the median milliseconds of one step after warm-up (CUDA events on a
 GPU, the wall clock elsewhere), tokens per second, model-FLOPs utilisation, peak memory and the ratio to RoPE
-measured in the same run; the step of each mode is in ``posbench.tasks.bench.speed`` (``train`` is one step of
+measured in the same run; the step of each mode is in ``posbench.bench.speed`` (``train`` is one step of
 the engine's own ``Trainer``). A cell that runs out of memory is reported as ``oom`` and the run goes on. On a
 CPU the encodings are timed round robin (one step of each in turn), so a neighbouring process slows all of them
 alike, compiled or not (compiled: each one built and warmed up in turn first); on a GPU one cell at a time, each
@@ -10,8 +16,8 @@ model freed before the next is built, and its peak memory is its own: the most a
 stepped, above what was allocated when it began (``peak_gib``).
 
 Each step enters autocast itself, as the engine's training does, so every step casts the weights it reads
-afresh and nothing it cast outlives the cell; the runner calls ``evaluate`` outside autocast
-(``evaluate_in_autocast``). Inside a surrounding autocast torch would keep every weight cast in it until that
+afresh and nothing it cast outlives the cell; the runner calls ``evaluate`` outside autocast (it enters autocast
+around a ``Task``'s evaluation only). Inside a surrounding autocast torch would keep every weight cast in it until that
 region ends: the steps after the first would run on the first step's bf16 copies, and every earlier cell's
 weights and gradients would stay on the GPU, counted in each later cell's peak (on an H100, the paper's model:
 each cell's peak 1 to 2 GiB above the one before, NoPE's above RoPE's).
@@ -37,12 +43,12 @@ from typing import Any
 
 import torch
 
+from posbench.bench import speed
 from posbench.errors import ConfigError
-from posbench.tasks.bench import speed
 from posbench.evaluation.outcome import Evaluation
 from posbench.files import append_jsonl, write_jsonl
-from posbench.options import Each, OneOf, Option, at_least
-from posbench.tasks.base import Phase, Task
+from posbench.options import Configurable, Each, OneOf, Option, at_least
+from posbench.tasks.base import config_hash
 from posbench.tasks.model_source import OWN
 
 BASELINE = "rope"
@@ -77,7 +83,13 @@ class Cell:
         self.ms_all = []
 
 
-class Bench(Task):
+class Bench(Configurable):
+    """What the runner asks of a run's class, for the benchmark: its ``task`` section (``OPTIONS``), presets,
+    configuration hooks, no training phase, the measurement as ``evaluate`` (called outside autocast), the record's
+    data and seeds."""
+
+    kind = "task"
+    option_label = "task."
     name = "bench"
     description = "speed: step time, tokens/s, MFU, peak memory and the ratio to RoPE of each encoding"
     OPTIONS = {
@@ -98,9 +110,17 @@ class Bench(Task):
         "cells_to": Option("", "also append every cell, one JSON line, to this file the moment it finishes (a GPU "
                                "call's $OUT: a kill keeps every finished cell); empty: none", changes_results=False),
     }
+    version = 1
+    presets: dict[str, dict[str, Any]] = {}       # they are measure.toml's
     default_preset = "small"
-    model_source = OWN                            # a model per cell, built by the task itself
-    evaluate_in_autocast = False                  # each step enters its own (see the module's docstring)
+    model_source = OWN                            # a model per cell, built by the bench itself
+
+    def __init__(self, config):
+        """``config``: the run's ``posbench.runs.config.RunConfig`` (``task_options``: bench's options)."""
+        self.config = config
+        self.opts: dict[str, Any] = dict(config.task_options)
+        self.source = config.source
+        self.run_dir: Path | None = None         # set by the runner on the process that writes the run
 
     @classmethod
     def adjust(cls, sections, source) -> None:
@@ -133,8 +153,24 @@ class Bench(Task):
     def label_for(cls, encoding, source, options) -> str:
         return options["mode"]
 
-    def phases(self) -> list[Phase]:
-        return []
+    def validate(self) -> None:
+        """Nothing beyond the options' ranges and ``adjust``."""
+
+    def phases(self) -> list:
+        return []                                 # it trains nothing: each cell times its own steps
+
+    def finish(self, model, run_dir: Path) -> dict[str, Any]:
+        return {}
+
+    def data_info(self) -> dict[str, Any]:
+        return {"source": "synthetic", "hash": config_hash(self.opts)}
+
+    def seeds(self) -> dict[str, int]:
+        return {"data": self.config.seed}
+
+    @classmethod
+    def example_scores(cls, record: Any, predictions: list[dict[str, Any]]):
+        return None                               # no metrics: measurements
 
     # ---- measuring ---------------------------------------------------------------------------------------
     def evaluate(self, model, device: torch.device, reporter: Any, phases: dict) -> Evaluation:
@@ -142,7 +178,7 @@ class Bench(Task):
 
         o = self.opts
         if torch.is_autocast_enabled(device.type):
-            raise RuntimeError("bench's evaluate ran inside autocast: each step enters its own, and a surrounding "
+            raise RuntimeError("bench ran inside autocast: each step enters its own, and a surrounding "
                                "autocast keeps every cell's weights alive (and its casts stale) until it ends")
         precision = resolve_precision(self.config.training.precision, device)
         peak, peak_source = speed.device_peak(device, o["peak_tflops"] or None)

@@ -74,7 +74,7 @@ def default_task(encoding_cls: Any) -> str:
     for name in ("perplexity", *TASKS):
         task = TASKS[name]
         context = task.encoding_context(task.defaults())
-        if task.model_source.builds and name != "bench" and all(key in context for key in encoding_cls.task_context):
+        if task.model_source.builds and all(key in context for key in encoding_cls.task_context):
             return name
     raise CheckFailed(f"no task gives {', '.join(encoding_cls.task_context)}, which the encoding needs")
 

@@ -37,7 +37,7 @@ def bench(
 ) -> None:
     """Measure each encoding's training (or forward, or decoding) step; writes results/bench/<mode>/<run-id>/.
 
-    Every setting of the bench task, of train and of model is a flag (below): --timed-steps 5, --lengths 1024,8192,
+    Every setting of bench, of train and of model is a flag (below): --timed-steps 5, --lengths 1024,8192,
     --mode decode, --compile, --attention flex, --threads 2."""
     from posbench.cli.setting_flags import own_options, settings_from_flags
     from posbench.errors import ConfigError

@@ -160,9 +160,14 @@ def encoding_detail(name: str) -> list[RenderableType]:
 
 
 def task_detail(name: str) -> list[RenderableType]:
+    from posbench.errors import ConfigError
+    from posbench.runs.config import BENCH
     from posbench.tasks import TASKS
     from posbench.tasks.presets import presets_of
 
+    if name == BENCH:
+        raise ConfigError("bench is not a task: 'posbench bench --help' lists its settings, 'posbench ls presets "
+                          "bench' its presets")
     cls = TASKS.get(name)
     presets = ", ".join(f"{p}*" if p == cls.default_preset else p for p in presets_of(cls)) or "none"
     return detail("task", cls, [("origin", f"{TASKS.origin(name)}, {cls.__module__}.{cls.__qualname__}"),
@@ -179,10 +184,11 @@ def method_detail(name: str) -> list[RenderableType]:
 
 
 def presets_detail(name: str) -> list[RenderableType]:
+    from posbench.runs.config import BENCH
     from posbench.tasks import TASKS
     from posbench.tasks.presets import presets_of
 
-    if name not in TASKS:
+    if name not in TASKS and name != BENCH:
         holders = [task for task in sorted(TASKS) if name in presets_of(TASKS[task])]
         if holders:
             from posbench.errors import ConfigError
@@ -190,7 +196,6 @@ def presets_detail(name: str) -> list[RenderableType]:
             raise ConfigError(f"'{name}' is a preset, not a task: 'posbench ls presets TASK' shows a task's presets "
                               f"(the tasks with a '{name}': {', '.join(holders)}); 'posbench ls presets' shows every "
                               f"task's")
-    TASKS.get(name)
     rows = preset_rows(name)
     table = _table(["preset", "model", "seq", "steps x batch", "lr", "time"],
                    [[r["preset"], r["shape"], r["seq"], r["steps"], r["lr"], r["time"]] for r in rows])
@@ -229,11 +234,10 @@ PRESETS_TITLE = ("presets (* default; tiny is a smoke test: its numbers do not c
 
 
 def preset_rows(name: str) -> list[dict[str, str]]:
-    from posbench.runs.config import model_defaults, train_defaults
-    from posbench.tasks import TASKS
+    from posbench.runs.config import model_defaults, task_class, train_defaults
     from posbench.tasks.presets import presets_of
 
-    cls = TASKS[name]
+    cls = task_class(name)
     base_model, base_train = model_defaults(), train_defaults()
     rows = []
     for preset, sections in presets_of(cls).items():
@@ -259,16 +263,18 @@ def preset_rows(name: str) -> list[dict[str, str]]:
 def presets_listing(width: int) -> list[RenderableType]:
     """One table of every task's presets when it fits; else a compact table per task, each preset's expected
     time and hardware and its task options as lines below it."""
+    from posbench.runs.config import BENCH
     from posbench.tasks import TASKS
 
     headers = ["task", "preset", "model", "train", "expected time", "task options"]
     keys = ["task", "preset", "model", "train", "expected", "options"]
-    every = [row for name in TASKS for row in preset_rows(name)]
+    owners = [*TASKS, BENCH]                      # bench's presets too (posbench bench --size)
+    every = [row for name in owners for row in preset_rows(name)]
     full = _table(headers, [[r[k] for k in keys] for r in every], wrap=False)
     if _fits(full, width):
         return [Text(PRESETS_TITLE, style="bold"), full]
     out: list[RenderableType] = [Text(PRESETS_TITLE, style="bold")]
-    for name in TASKS:
+    for name in owners:
         rows = preset_rows(name)
         table = _table(["preset", "model", "seq", "steps x batch", "lr", "time"],
                        [[r["preset"], r["shape"], r["seq"], r["steps"], r["lr"], r["time"]] for r in rows])

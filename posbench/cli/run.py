@@ -70,6 +70,8 @@ def run(
             return
         if task is None:
             raise ConfigError("--task is required ('posbench ls tasks' lists them)")
+        if task == "bench":                            # a measurement the runner runs, not a task
+            raise ConfigError("bench is not a task: run it with 'posbench bench' ('posbench bench --help')")
         from posbench.cli.setting_flags import for_encoding, own_options, settings_from_flags
 
         names = split_names(encoding) if encoding else [None]

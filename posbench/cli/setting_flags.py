@@ -71,11 +71,10 @@ def declarations(task_name: str, encodings: Iterable[str] = ()) -> dict[str, tup
 def section_options(task_name: str) -> dict[str, dict[str, Any]]:
     """The declarations of the task's, train's and model's settings, by section."""
     from posbench.options import declared
-    from posbench.runs.config import model_options
-    from posbench.tasks import TASKS
+    from posbench.runs.config import model_options, task_class
     from posbench.train.config import TrainConfig
 
-    return {"task": declared(TASKS.get(task_name)), "train": declared(TrainConfig), "model": model_options()}
+    return {"task": declared(task_class(task_name)), "train": declared(TrainConfig), "model": model_options()}
 
 
 def flag_name(key: str, option: Any) -> str:
@@ -92,9 +91,9 @@ def renamed_keys(task_name: str) -> dict[str, str]:
 
 def encoding_classes(task_name: str, names: Iterable[str]) -> dict[str, Any]:
     """The classes of ``names`` in the registry the task's runs choose from (its model source's)."""
-    from posbench.tasks import TASKS
+    from posbench.runs.config import task_class
 
-    task = TASKS.get(task_name)
+    task = task_class(task_name)
     registry = task.model_source.encodings() if task is not None and names else {}
     return {name: registry.get(name) for name in names if registry.get(name) is not None}
 

@@ -59,11 +59,12 @@ def declared_owners() -> list[tuple[str, Any]]:
     from posbench.hf.methods import METHODS
     from posbench.model.config import ModelConfig
     from posbench.registry import ENCODINGS
+    from posbench.bench import Bench
     from posbench.tasks import TASKS
     from posbench.train.config import TrainConfig
 
     return [("model", ModelConfig), ("train", TrainConfig), *(("encoding", ENCODINGS[n]) for n in ENCODINGS),
-            *(("encoding", METHODS[n]) for n in METHODS), *(("task", TASKS[n]) for n in TASKS)]
+            *(("encoding", METHODS[n]) for n in METHODS), *(("task", TASKS[n]) for n in TASKS), ("task", Bench)]
 
 
 def declared_facts() -> SettingFacts:

@@ -214,6 +214,21 @@ def limits_of(options: dict[str, opts.Option]) -> dict[str, opts.Limit]:
     return {k: o.limit for k, o in options.items() if o.limit is not None}
 
 
+BENCH = "bench"
+
+
+def task_class(name: str) -> Any:
+    """The class that declares a run's ``task`` section and that the runner runs: a task of ``TASKS``, or
+    ``posbench bench``'s measurement (``posbench.bench.Bench``: not a task, its runs are ``task: "bench"``)."""
+    if name == BENCH:
+        from posbench.bench import Bench
+
+        return Bench
+    from posbench.tasks import TASKS
+
+    return TASKS.get(name)
+
+
 def resolve_run_config(task: str, encoding: str | None, preset: str | None = None, *,
                        seed: int | None = None, device: str | None = None, init: str | None = None,
                        settings: Sequence[Setting] = (), sets: Sequence[str] = (),
@@ -222,12 +237,11 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
     ``settings`` in their order (the command line's flags: ``posbench.cli.setting_flags``) -> the ``sets`` text in
     their order (``--set section.key=value`` entries, a study's: each parsed once, here) -> the task's
     adjustments; everything range-checked, and the ``train`` section built into its ``TrainConfig``."""
-    from posbench.tasks import TASKS
     from posbench.tasks.presets import preset_of
 
     if seed is not None and not 0 <= int(seed) <= MAX_SEED:
         raise ConfigError(f"--seed {seed}: a seed must be between 0 and {MAX_SEED} (NumPy's range)")
-    task_cls = TASKS.get(task)
+    task_cls = task_class(task)
     preset = preset or task_cls.default_preset
     chosen = preset_of(task_cls, preset)
     source = resolve_init(init, init_flag) if init is not None else None
@@ -287,7 +301,7 @@ def fill_task_context(task_cls: Any, encoding: str | None, encoding_cls: Any, se
         from posbench.tasks import TASKS
 
         what = ", ".join(f"{key} ({encoding_cls.OPTIONS[key].help})" for key in missing)
-        givers = [name for name in TASKS if TASKS[name].model_source.builds   # (bench builds its own models)
+        givers = [name for name in TASKS if TASKS[name].model_source.builds   # (a task building its own: none)
                   and all(key in TASKS[name].encoding_context(TASKS[name].defaults()) for key in needed)]
         raise ConfigError(f"encoding '{encoding}' needs {what}, which task '{task_cls.name}' does not give "
                           f"(tasks that do: {', '.join(givers) or 'none'})")

@@ -11,7 +11,6 @@ evaluates its share of the work; only rank 0 shows progress.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import shutil
 import sys
@@ -25,7 +24,7 @@ import torch
 from posbench.evaluation.metrics import METRICS
 from posbench.files import check_name
 from posbench.reporters import NullReporter
-from posbench.runs.config import RunConfig, with_source
+from posbench.runs.config import RunConfig, task_class, with_source
 from posbench.runs.record import RESULT_FILE, ResultError, RunRecord, Timings, environment_info, posbench_info, \
     total_seconds, write_record
 from posbench.runs.store import (CHECKPOINT_DIR, RunLock, new_run_dir, now_iso, read_config, read_phase,
@@ -65,14 +64,14 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
 
 def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, reporter: Any, callbacks: tuple,
              command: list[str] | None, run_dir: Path | None, lock: list) -> RunOutcome:
-    from posbench.tasks import TASKS
+    from posbench.tasks import Task
 
     started = time.perf_counter()
     main = ctx.is_main
     code = posbench_info() if main else {}   # the commit this process imported, read now (a commit made while it
                                              # trains is not it); only rank 0 writes the record
     reporter = reporter if (reporter is not None and main) else NullReporter()
-    task = TASKS.get(config.task)(config)
+    task = task_class(config.task)(config)
     task.validate()
     setup_device(device, config.training.threads)
     fresh = run_dir is None
@@ -99,8 +98,10 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
             eval_start = time.perf_counter()
             if model is not None:
                 model.eval()
-            casting = autocast(device, precision) if task.evaluate_in_autocast else contextlib.nullcontext()
-            with torch.no_grad(), casting:
+            if isinstance(task, Task):
+                with torch.no_grad(), autocast(device, precision):
+                    evaluation = task.evaluate(model, device, reporter, trained)
+            else:       # bench (posbench.bench): it builds its models and each timed step enters autocast itself
                 evaluation = task.evaluate(model, device, reporter, trained)
     except BaseException:
         for logger in loggers:
@@ -166,7 +167,7 @@ def run_phases(task: Any, model: Any, run_dir: Path, device: torch.device, repor
         checkpoint_dir = run_dir / CHECKPOINT_DIR / ("" if phase.name == "train" else phase.name)
         resume = distributed.run_on_main(lambda: checkpoint_path(checkpoint_dir) is not None)
         trainer = Trainer(model, phase.stream(), phase.train, device=device, checkpoint_dir=checkpoint_dir,
-                          resume=resume, loss_fn=phase.loss or task.loss, callbacks=callbacks, reporter=reporter,
+                          resume=resume, callbacks=callbacks, reporter=reporter,
                           seed=task.config.seed, description=f"{task.config.label} {phase.name}", loggers=loggers,
                           phase=phase.name, probe=phase.probe)
         outcome: dict[str, Any] = {"training": trainer.run().to_dict()}

@@ -9,7 +9,7 @@ needs no other edit. Third-party tasks come through the ``posbench.tasks`` entry
 from posbench.registry import import_folder
 
 #: the modules and folders posbench ships: their tasks are "built-in"; one dropped in is listed as added
-SHIPPED = ("arithmetic", "base", "bench", "build_model", "corpus_task", "extend", "model_source", "passkey",
+SHIPPED = ("arithmetic", "base", "build_model", "corpus_task", "extend", "model_source", "passkey",
            "perplexity", "presets", "pretrain", "ruler", "scrolls")
 
 from posbench.tasks.base import TASKS, IndexedStream, Phase, SeededStream, Task  # noqa: E402

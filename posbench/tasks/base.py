@@ -12,7 +12,7 @@ The runner (``posbench.runs.runner``) calls, in this order::
     model, init_record = TaskClass.model_source.build(task, device)   # posbench.tasks.model_source
     for phase in task.phases():          # usually one: train on task.train_stream()
         train, then phase.evaluate(...)  # each phase checkpointed and resumable; its outcome saved
-    evaluation = task.evaluate(model, device, reporter, phases)   # -> evaluation.outcome.Evaluation
+    evaluation = task.evaluate(model, device, reporter, phases)   # under no_grad and autocast -> Evaluation
     task.finish(model, run_dir)          # anything saved beside the result (an extended model)
 
 Class attributes:
@@ -29,7 +29,7 @@ Class attributes:
   has the format).
 
 Where the model comes from is not the task's job: ``model_source`` names it (``posbench.tasks.model_source``: a
-fresh model or an ``--init`` one, the default; ``OWN`` for a task that builds its own, as bench; extend's
+fresh model or an ``--init`` one, the default; ``OWN`` for one that builds its own models; extend's
 pretrained Llama with a method), and that layer chooses the encoding (or method) ``--encoding`` names, takes what
 an ``--init`` model sets and builds the model.
 
@@ -48,7 +48,10 @@ and a ``state_dict()`` / ``load_state_dict()`` pair (plain JSON) that captures t
 (example g is a pure function of (seed, g), whatever the batch sizes): under torchrun each process then skips to
 its own slice of every step's batch. ``SeededStream`` (batch k is a pure function of (seed, k)) also works
 with several processes, but each of them builds every batch and keeps its rows. The loss mask is the batch's
-``targets``: ``IGNORE_INDEX`` wherever no loss is taken.
+``targets``: ``IGNORE_INDEX`` wherever no loss is taken (the loss is ``posbench.data.batch.masked_cross_entropy``,
+the trainer's, for every task).
+
+``posbench bench`` is not a task: it is a measurement the same runner runs (``posbench.bench``).
 
 Metrics: each metric the task records is declared once in the metric registry,
 ``posbench.evaluation.metrics.register_metric(task, name, better="higher" | "lower", description=...)`` (a family
@@ -73,7 +76,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from posbench.options import Configurable
 from posbench.registry import Registry
@@ -103,7 +106,6 @@ class Phase:
     from_start: bool = False
     seed: int | None = None
     evaluate: Callable[..., dict[str, Any]] | None = None
-    loss: Callable[..., Any] | None = None
     probe: Callable[..., dict[str, float]] | None = None
 
 
@@ -121,10 +123,6 @@ class Task(Configurable):
     default_preset: ClassVar[str] = "small"
     #: where the run's model comes from, and how ``--encoding`` and ``--init`` choose it (posbench.tasks.model_source)
     model_source: ClassVar[ModelSource] = FRESH
-    #: False: the runner calls ``evaluate`` outside autocast, and the task enters it itself around each step (bench,
-    #: which builds and frees a model per cell: torch keeps every weight autocast has cast, and through its
-    #: autograd graph the weight and its gradient, until the outermost autocast exits)
-    evaluate_in_autocast: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -186,12 +184,7 @@ class Task(Configurable):
     def phases(self) -> list[Phase]:
         """Training, in phases; default: one phase on ``train_stream()`` (none when ``train.steps`` is 0)."""
         train = self.config.training
-        return [Phase("train", self.train_stream, train, loss=self.loss, probe=self.probe)] if train.steps > 0 else []
-
-    def loss(self, model: nn.Module, batch) -> tuple[Tensor, int]:
-        from posbench.data.batch import masked_cross_entropy
-
-        return masked_cross_entropy(model, batch)
+        return [Phase("train", self.train_stream, train, probe=self.probe)] if train.steps > 0 else []
 
     probe: Callable[[nn.Module, torch.device], dict[str, float]] | None = None
     """Optional: a method ``probe(model, device) -> {name: value}``, a quick measure of the in-distribution metric
