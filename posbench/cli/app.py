@@ -65,36 +65,33 @@ command("check", check.check, check.CHECK_EPILOG)
 # ---- entry point -------------------------------------------------------------------------------------------
 
 def _click_exceptions():
-    """Click's exception classes (typer >= 0.20 vendors click as ``typer._click``; older typer uses click)."""
-    modules = []
-    try:
-        from typer._click import exceptions as vendored
-        modules.append(vendored)
-    except ImportError:
-        pass
+    """Click's exception classes, reached through public names only: typer >= 0.20 runs a copy of click inside
+    itself (under a private module name) whose ``UsageError`` is the base of typer's public ``BadParameter`` and
+    whose exits and aborts are typer's public ``Exit`` and ``Abort``; an older typer runs click itself, whose
+    classes come from click. ``NoArgsIsHelpError`` (a ``UsageError``: a group called without a command) is told
+    apart by its name, as neither library exports it."""
+    usage = {next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")}
+    exits, aborts = {typer.Exit}, {typer.Abort}
     try:
         import click.exceptions as real
-        modules.append(real)
+        usage.add(real.UsageError)
+        exits.add(real.Exit)
+        aborts.add(real.Abort)
     except ImportError:
         pass
-    usage = tuple(m.UsageError for m in modules)
-    no_args = tuple(getattr(m, "NoArgsIsHelpError", None) for m in modules
-                    if getattr(m, "NoArgsIsHelpError", None) is not None)
-    exits = tuple({typer.Exit, *(getattr(m, "Exit", typer.Exit) for m in modules)})
-    aborts = tuple({typer.Abort, *(getattr(m, "Abort", typer.Abort) for m in modules)})
-    return usage, no_args, exits, aborts
+    return tuple(usage), tuple(exits), tuple(aborts)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: click usage errors also become one line and exit code 2."""
     args = list(sys.argv[1:] if argv is None else argv)
-    usage, no_args, exits, aborts = _click_exceptions()
+    usage, exits, aborts = _click_exceptions()
     try:
         code = app(args=args, prog_name="posbench", standalone_mode=False)
-    except no_args as exc:
-        exc.show() if hasattr(exc, "show") else None
-        return 0
     except usage as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":         # 'posbench' alone: the help, exit 0
+            exc.show()
+            return 0
         ctx = getattr(exc, "ctx", None)
         command = f"{ctx.command_path} --help" if ctx is not None else "posbench --help"
         print_error(f"{one_line_text(exc.format_message())} (see '{command}')")
