@@ -46,7 +46,7 @@ def example_functions(comparison: Comparison, a_runs: list[RunRecord], b_runs: l
             return None
         functions.append(memo[key])
     return {"a_examples": functions[:len(a_runs)], "b_examples": functions[len(a_runs):],
-            "strata": functions[0].func.__self__.strata}
+            "strata": scores[0].strata}                 # the first run's own order: its strata as they are
 
 
 def _metric_function(scores: ExampleScores, run: RunRecord, metric: str, order: list) -> partial | None:
