@@ -47,8 +47,8 @@ from posbench.bench import speed
 from posbench.errors import ConfigError
 from posbench.evaluation.outcome import Evaluation
 from posbench.files import append_jsonl, write_jsonl
-from posbench.options import Configurable, Each, OneOf, Option, at_least
-from posbench.tasks.base import config_hash
+from posbench.options import Each, OneOf, Option, at_least
+from posbench.tasks.base import Runnable
 from posbench.tasks.model_source import OWN
 
 BASELINE = "rope"
@@ -83,13 +83,10 @@ class Cell:
         self.ms_all = []
 
 
-class Bench(Configurable):
-    """What the runner asks of a run's class, for the benchmark: its ``task`` section (``OPTIONS``), presets,
-    configuration hooks, no training phase, the measurement as ``evaluate`` (called outside autocast), the record's
-    data and seeds."""
+class Bench(Runnable):
+    """The benchmark as the runner runs it: its ``task`` section (``OPTIONS``), configuration hooks and the
+    measurement as ``evaluate`` (called outside autocast); the rest is ``Runnable``'s defaults (no training)."""
 
-    kind = "task"
-    option_label = "task."
     name = "bench"
     description = "speed: step time, tokens/s, MFU, peak memory and the ratio to RoPE of each encoding"
     OPTIONS = {
@@ -110,17 +107,7 @@ class Bench(Configurable):
         "cells_to": Option("", "also append every cell, one JSON line, to this file the moment it finishes (a GPU "
                                "call's $OUT: a kill keeps every finished cell); empty: none", changes_results=False),
     }
-    version = 1
-    presets: dict[str, dict[str, Any]] = {}       # they are measure.toml's
-    default_preset = "small"
     model_source = OWN                            # a model per cell, built by the bench itself
-
-    def __init__(self, config):
-        """``config``: the run's ``posbench.runs.config.RunConfig`` (``task_options``: bench's options)."""
-        self.config = config
-        self.opts: dict[str, Any] = dict(config.task_options)
-        self.source = config.source
-        self.run_dir: Path | None = None         # set by the runner on the process that writes the run
 
     @classmethod
     def adjust(cls, sections, source) -> None:
@@ -152,25 +139,6 @@ class Bench(Configurable):
     @classmethod
     def label_for(cls, encoding, source, options) -> str:
         return options["mode"]
-
-    def validate(self) -> None:
-        """Nothing beyond the options' ranges and ``adjust``."""
-
-    def phases(self) -> list:
-        return []                                 # it trains nothing: each cell times its own steps
-
-    def finish(self, model, run_dir: Path) -> dict[str, Any]:
-        return {}
-
-    def data_info(self) -> dict[str, Any]:
-        return {"source": "synthetic", "hash": config_hash(self.opts)}
-
-    def seeds(self) -> dict[str, int]:
-        return {"data": self.config.seed}
-
-    @classmethod
-    def example_scores(cls, record: Any, predictions: list[dict[str, Any]]):
-        return None                               # no metrics: measurements
 
     # ---- measuring ---------------------------------------------------------------------------------------
     def evaluate(self, model, device: torch.device, reporter: Any, phases: dict) -> Evaluation:

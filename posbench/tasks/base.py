@@ -51,7 +51,8 @@ with several processes, but each of them builds every batch and keeps its rows. 
 ``targets``: ``IGNORE_INDEX`` wherever no loss is taken (the loss is ``posbench.data.batch.masked_cross_entropy``,
 the trainer's, for every task).
 
-``posbench bench`` is not a task: it is a measurement the same runner runs (``posbench.bench``).
+``posbench bench`` is not a task: it is a measurement the same runner runs (``posbench.bench``). What the runner
+asks of both, with its defaults, is ``Runnable``: the base of ``Task`` and of bench's ``Bench``.
 
 Metrics: each metric the task records is declared once in the metric registry,
 ``posbench.evaluation.metrics.register_metric(task, name, better="higher" | "lower", description=...)`` (a family
@@ -109,8 +110,8 @@ class Phase:
     probe: Callable[..., dict[str, float]] | None = None
 
 
-class Task(Configurable):
-    """Base class: subclass it, set ``name``, ``description``, ``OPTIONS``; implement the hooks."""
+class Runnable(Configurable):
+    """What the runner asks of the class it runs, with the defaults: a ``Task``, or ``posbench bench``'s ``Bench``."""
 
     kind: ClassVar[str] = "task"
     option_label: ClassVar[str | None] = "task."
@@ -123,20 +124,6 @@ class Task(Configurable):
     default_preset: ClassVar[str] = "small"
     #: where the run's model comes from, and how ``--encoding`` and ``--init`` choose it (posbench.tasks.model_source)
     model_source: ClassVar[ModelSource] = FRESH
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        moved = [name for name in MOVED_TO_MODEL_SOURCE if name in cls.__dict__]
-        if moved:                      # a task written for the Task before model_source: never ignore it in silence
-            raise TypeError(f"task '{cls.__dict__.get('name', cls.__qualname__)}' defines {', '.join(moved)}: where "
-                            f"the model comes from is now the task's model_source (posbench.tasks.model_source: "
-                            f"OWN for a task that builds its own models, or a ModelSource subclass)")
-        moved = [name for name in MOVED_TO_PRESETS if name in cls.__dict__]
-        if moved:
-            raise TypeError(f"task '{cls.__dict__.get('name', cls.__qualname__)}' defines {', '.join(moved)}: a task "
-                            f"gives its presets as the class's presets dict or the TOML file beside its module "
-                            f"(posbench.tasks.presets reads them)")
-        TASKS.add_subclass(cls)
 
     def __init__(self, config):
         """``config``: the run's ``posbench.runs.config.RunConfig``; ``source``: what its ``--init`` resolved to
@@ -167,6 +154,52 @@ class Task(Configurable):
     def validate(self) -> None:
         """Check what the options' own ranges cannot (combinations, data); raise a one-line ``UserError``."""
 
+    def phases(self) -> list[Phase]:
+        """Training, in phases; default: none."""
+        return []
+
+    def evaluate(self, model: nn.Module, device: torch.device, reporter: Any, phases: dict[str, dict[str, Any]]):
+        """Evaluate the trained model (in eval mode; a ``Task``'s under ``torch.no_grad`` and autocast) ->
+        ``Evaluation``; ``phases`` holds each phase's saved outcome."""
+        raise NotImplementedError
+
+    def finish(self, model: nn.Module, run_dir: Path) -> dict[str, Any]:
+        """Save anything beside the result (after evaluation); returns facts for the record's ``model``."""
+        return {}
+
+    def data_info(self) -> dict[str, Any]:
+        """``{"source": ..., "hash": ...}`` plus anything that identifies the data exactly."""
+        return {"source": "synthetic", "hash": config_hash(self.opts)}
+
+    def seeds(self) -> dict[str, int]:
+        """Seeds beyond the global one (recorded in result.json), e.g. ``{"data": s, "eval": 42}``."""
+        return {"data": self.config.seed}
+
+    @classmethod
+    def example_scores(cls, record: Any, predictions: list[dict[str, Any]]):
+        """The per-example values behind the metrics of a finished run (its record and ``predictions.jsonl``
+        rows) as a ``posbench.stats.ExampleScores``, so that ``compare --against`` pairs two encodings example
+        by example; None (the default): the metrics are paired across seeds only."""
+        return None
+
+
+class Task(Runnable):
+    """Base class: subclass it, set ``name``, ``description``, ``OPTIONS``; implement the hooks."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        moved = [name for name in MOVED_TO_MODEL_SOURCE if name in cls.__dict__]
+        if moved:                      # a task written for the Task before model_source: never ignore it in silence
+            raise TypeError(f"task '{cls.__dict__.get('name', cls.__qualname__)}' defines {', '.join(moved)}: where "
+                            f"the model comes from is now the task's model_source (posbench.tasks.model_source: "
+                            f"OWN for a task that builds its own models, or a ModelSource subclass)")
+        moved = [name for name in MOVED_TO_PRESETS if name in cls.__dict__]
+        if moved:
+            raise TypeError(f"task '{cls.__dict__.get('name', cls.__qualname__)}' defines {', '.join(moved)}: a task "
+                            f"gives its presets as the class's presets dict or the TOML file beside its module "
+                            f"(posbench.tasks.presets reads them)")
+        TASKS.add_subclass(cls)
+
     def vocab_size(self) -> int:
         raise NotImplementedError
 
@@ -191,30 +224,6 @@ class Task(Configurable):
     (the arithmetic task: exact-match accuracy on operand lengths seen in training), run during training every
     ``train.probe_every`` steps (recorded as ``training.probe_history``). Each value is a percentage where higher
     is better: ``posbench.report.plateau``'s probe rule (1 point, 99%) and the probe figures (0-100) read it so."""
-
-    def evaluate(self, model: nn.Module, device: torch.device, reporter: Any, phases: dict[str, dict[str, Any]]):
-        """Evaluate the trained model (in eval mode, under ``torch.no_grad``) -> ``Evaluation``; ``phases`` holds
-        each phase's saved outcome."""
-        raise NotImplementedError
-
-    def finish(self, model: nn.Module, run_dir: Path) -> dict[str, Any]:
-        """Save anything beside the result (after evaluation); returns facts for the record's ``model``."""
-        return {}
-
-    def data_info(self) -> dict[str, Any]:
-        """``{"source": ..., "hash": ...}`` plus anything that identifies the data exactly."""
-        return {"source": "synthetic", "hash": config_hash(self.opts)}
-
-    def seeds(self) -> dict[str, int]:
-        """Seeds beyond the global one (recorded in result.json), e.g. ``{"data": s, "eval": 42}``."""
-        return {"data": self.config.seed}
-
-    @classmethod
-    def example_scores(cls, record: Any, predictions: list[dict[str, Any]]):
-        """The per-example values behind the metrics of a finished run (its record and ``predictions.jsonl``
-        rows) as a ``posbench.stats.ExampleScores``, so that ``compare --against`` pairs two encodings example
-        by example; None (the default): the metrics are paired across seeds only."""
-        return None
 
 
 class IndexedStream:
