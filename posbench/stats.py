@@ -209,10 +209,16 @@ def stratified_weights(strata: Sequence[Hashable], n_boot: int, rng: np.random.G
         done += size
 
 
+#: the most memory a ``StratifiedBootstrap`` keeps its weights in as floats (ready for the products); larger ones
+#: are kept as counts in the smallest integer type and converted on each use (the same values)
+FLOAT_WEIGHTS_BYTES = 256 << 20
+
+
 class StratifiedBootstrap:
     """The replicates of ``stratified_weights(strata, n_boot, default_rng(seed))``, drawn once and kept (as
-    counts, in the smallest integer type that holds them): every paired difference over the same examples reads
-    the same replicates, exactly what each would draw from its own generator seeded alike, without redrawing."""
+    floats within ``FLOAT_WEIGHTS_BYTES``, else as counts in the smallest integer type that holds them): every
+    paired difference over the same examples reads the same replicates, exactly what each would draw from its own
+    generator seeded alike, without redrawing."""
 
     def __init__(self, strata: Sequence[Hashable], n_boot: int = N_BOOT, seed: int = BOOT_SEED):
         self.strata, self.n_boot, self.seed = list(strata), n_boot, seed
@@ -223,11 +229,14 @@ class StratifiedBootstrap:
         """Yield the weight matrices ``(replicates, examples)``, as ``stratified_weights`` yields them."""
         if self._counts is None:
             largest = max(collections.Counter(self.strata).values(), default=1)
-            kind = np.min_scalar_type(largest)
+            as_floats = self.n_boot * len(self.strata) * 8 <= FLOAT_WEIGHTS_BYTES
+            kind = np.float64 if as_floats else np.min_scalar_type(largest)
             self._counts = [w.astype(kind) for w in
                             stratified_weights(self.strata, self.n_boot, np.random.default_rng(self.seed))]
+            for counts in self._counts:
+                counts.flags.writeable = False
         for counts in self._counts:
-            yield counts.astype(float)
+            yield counts if counts.dtype == np.float64 else counts.astype(float)
 
     def replicates(self, metric: Callable[[np.ndarray], np.ndarray]) -> list[np.ndarray]:
         """``metric`` under each weight matrix (one array per matrix), computed once per callable (by identity):

@@ -21,7 +21,6 @@ changes.md is what this prints.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -71,20 +70,24 @@ class ChangesError(Exception):
     """Something the user can fix; ``str()`` is one line."""
 
 
-def differences(runs: Path, baseline: str) -> dict[tuple[str, str, str], dict]:
+def differences(runs: Path, baseline: str, comparison=None) -> dict[tuple[str, str, str], dict]:
     """(task, row label, metric) -> compare's paired difference to ``baseline`` (its verdict, value, interval,
-    seeds), from ``posbench compare RUNS --against BASELINE --format json`` in a fresh process."""
-    # -P: the working directory off the module path (with -m alone Python puts it first: a posbench/ or an
-    # fcntl.py there would be imported instead of the real one)
-    proc = subprocess.run([sys.executable, "-P", "-m", "posbench", "compare", str(runs), "--against", baseline,
-                           "--format", "json"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        said_last = next((line for line in reversed((proc.stderr or proc.stdout).splitlines()) if line.strip()), "")
-        raise ChangesError(f"posbench compare {runs} --against {baseline} failed: {said_last.strip()}")
+    seeds): what ``posbench compare RUNS --against BASELINE --format json`` prints, made in this process (with
+    ``comparison``, a ``posbench.report.comparison.Comparison`` of the same tree: its work shared between
+    baselines)."""
+    from posbench import report
+    from posbench.errors import UserError
+
+    failed = f"posbench compare {runs} --against {baseline} failed"
     try:
-        tables = json.loads(proc.stdout)["tables"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ChangesError(f"posbench compare {runs} printed no JSON tables ({exc})") from None
+        result = report.collect(runs, against=baseline, comparison=comparison)
+    except UserError as exc:
+        raise ChangesError(f"{failed}: {exc}") from None
+    if not result.tables:
+        raise ChangesError(f"{failed}: no finished runs under {runs}")
+    if not any(row.encoding == baseline for table in result.tables for row in table.rows):
+        raise ChangesError(f"{failed}: no {baseline} run under {runs}")
+    tables = json.loads(report.render_text(result, "json"))["tables"]
     return {(table["task"], d["label"], d["metric"]): d for table in tables for d in table["differences"]}
 
 
@@ -102,9 +105,12 @@ def said(d: dict) -> str:
 
 
 def moved(before: Path, after: Path, labels: tuple[str, str] = ("v1", "v2")) -> str:
+    from posbench.report.comparison import Comparison
+
     out = ["## Verdicts that moved", ""]
+    comparisons = {before: Comparison(), after: Comparison()}     # each tree read and resampled once
     for baseline in BASELINES:
-        old, new = differences(before, baseline), differences(after, baseline)
+        old, new = differences(before, baseline, comparisons[before]), differences(after, baseline, comparisons[after])
         for task in sorted({key[0] for key in old} | {key[0] for key in new}):
             both = sorted(key for key in set(old) & set(new) if key[0] == task)
             judged = [key for key in both if has_interval(old[key]) and has_interval(new[key])]

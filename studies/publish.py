@@ -262,13 +262,40 @@ def encodings(runs: Path) -> set[str]:
 
 
 def tables(runs: Path) -> str:
-    """The page's tables: compare's markdown with every encoding's paired difference to each baseline it has."""
+    """The page's tables: compare's markdown with every encoding's paired difference to each baseline it has,
+    then one row per run: what ``posbench compare RUNS [--against NAME | --by-run] --format markdown`` prints
+    (``commands_tables`` runs those commands; a test holds the two equal), made in this process from one
+    ``Comparison``, so that each predictions file is read once and each run resampled once for every baseline."""
+    from posbench import report
+    from posbench.report.comparison import Comparison
+
+    comparison = Comparison()
+
+    def markdown(**how) -> str:
+        result = report.collect(runs, comparison=comparison, **how)
+        if not result.tables:
+            raise PublishError(f"posbench compare {runs}: no finished runs")
+        return report.render_text(result, "markdown")
+
+    return assemble(runs, lambda name: markdown(against=name), lambda: markdown(by_run=True), lambda: markdown())
+
+
+def commands_tables(runs: Path) -> str:
+    """``tables(runs)`` by running ``posbench compare`` once per section, each in a fresh process."""
+    return assemble(runs, lambda name: compare(runs, "--against", name, "--format", "markdown"),
+                    lambda: compare(runs, "--by-run", "--format", "markdown"),
+                    lambda: compare(runs, "--format", "markdown"))
+
+
+def assemble(runs: Path, against, by_run, alone) -> str:
+    """tables.md's sections: ``against(name)`` for each baseline present (``alone()`` when none is), then
+    ``by_run()``."""
     present = encodings(runs)
-    every_run = f"## {EVERY_RUN}\n\n" + compare(runs, "--by-run", "--format", "markdown") + "\n"
     if not any(name in present for name in AGAINST):       # no baseline has run yet: the tables alone
-        return "## Against none\n\n" + compare(runs, "--format", "markdown") + "\n" + every_run
-    return "".join(f"## Against {name}\n\n" + compare(runs, "--against", name, "--format", "markdown") + "\n"
-                   for name in AGAINST if name in present) + every_run
+        sections = "## Against none\n\n" + alone() + "\n"
+    else:
+        sections = "".join(f"## Against {name}\n\n" + against(name) + "\n" for name in AGAINST if name in present)
+    return sections + f"## {EVERY_RUN}\n\n" + by_run() + "\n"
 
 
 QUOTE = re.compile(r"(<!-- tables\.md: (\w+) (.+?) -->)(.*?)(<!-- /tables\.md -->)", re.S)

@@ -165,9 +165,12 @@ def test_the_bootstrap_is_reproducible_and_identical_runs_differ_by_nothing():
     assert same.estimate == 0.0 and same.p == 1.0 and same.low == same.high == 0.0
 
 
-def test_a_shared_bootstrap_gives_each_pair_what_its_own_draw_gives():
+@pytest.mark.parametrize("float_bytes", [stats.FLOAT_WEIGHTS_BYTES, 0])   # kept as floats, and as counts
+def test_a_shared_bootstrap_gives_each_pair_what_its_own_draw_gives(float_bytes, monkeypatch):
     """compare draws the replicates once per list of strata and resamples a reference run once for all rows; the
-    differences must be bitwise those of a fresh generator per pair (the committed study tables depend on it)."""
+    differences must be bitwise those of a fresh generator per pair (the committed study tables depend on it),
+    whether the weights are kept as floats or, above FLOAT_WEIGHTS_BYTES, as counts."""
+    monkeypatch.setattr(stats, "FLOAT_WEIGHTS_BYTES", float_bytes)
     a, b, strata = _binary_runs(60, 2, 5, 3)
     c, _, _ = _binary_runs(60, 2, 5, 4)
     ref, one, two = (_scores(x, strata) for x in (a, b, c))
@@ -182,7 +185,8 @@ def test_a_shared_bootstrap_gives_each_pair_what_its_own_draw_gives():
         assert reused == own
     assert list(shared._replicates).count(ref_fn) == 1 and len(shared._replicates) == 3   # the reference once
     fresh = list(stats.stratified_weights(strata, stats.N_BOOT, np.random.default_rng(stats.BOOT_SEED)))
-    assert all(np.array_equal(x, y) for x, y in zip(shared.weights(), fresh, strict=True))
+    assert all(np.array_equal(x, y) and x.dtype == np.float64 for x, y in zip(shared.weights(), fresh, strict=True))
+    assert (shared._counts[0].dtype == np.float64) == (float_bytes > 0)
     with pytest.raises(ValueError, match="other strata"):
         paired_difference([1.0], [2.0], a_examples=[ref_fn], b_examples=[ref_fn], strata=strata[::-1],
                           bootstrap=shared)

@@ -49,8 +49,8 @@ PROBED = [study for study in FOLDERS if study != "cpu-v1"]
 
 def fixture_fast(studies) -> list:
     """The studies as parameters, each published study's marked slow: compare's bootstrap over 39 to 72 cells takes
-    minutes (the two arithmetic studies, with 10,000 paired examples a cell, about three each); the fixture's
-    tables check the same code in seconds in the fast tier."""
+    seconds to half a minute (the two arithmetic studies, with 10,000 paired examples a cell); the fixture's
+    tables check the same code in a second in the fast tier."""
     return [pytest.param(study, marks=() if study == "fixture" else pytest.mark.slow) for study in studies]
 
 
@@ -59,6 +59,16 @@ def test_committed_tables_are_what_compare_prints(study):
     page = FOLDERS[study]
     assert (page / publish.RUNS).is_dir(), f"{page} has no committed runs"
     assert publish.tables(page / publish.RUNS) == (page / publish.TABLES).read_text()
+
+
+def test_tables_made_in_one_process_are_what_the_compare_commands_print():
+    """publish.tables makes every section from one Comparison (each run resampled once for both baselines): the
+    same text as ``posbench compare`` run once per section, each in a fresh process (the committed-tables tests of
+    the published studies read the former)."""
+    runs = FIXTURE / publish.RUNS
+    made = publish.tables(runs)
+    assert made.count("## Against ") == 2                  # both baselines: the shared work is exercised
+    assert made == publish.commands_tables(runs)
 
 
 @pytest.mark.parametrize("study", PROBED)
@@ -183,7 +193,6 @@ def test_a_page_quotes_the_per_cell_table_from_every_run():
     assert committed.count("## Every run") == 1 and "(seed 1" in publish.sections(committed)["runs"]
 
 
-@pytest.mark.slow  # compare three times
 def test_a_changed_result_file_changes_the_table(tmp_path):
     runs = shutil.copytree(FIXTURE / publish.RUNS, tmp_path / publish.RUNS)
     result = runs / "perplexity-alibi-tiny-s0" / "result.json"
@@ -302,7 +311,6 @@ def test_restore_puts_published_cells_back_where_a_sweep_finds_them_finished(tmp
     assert proc.stdout.count("│ complete │") == len(cells)
 
 
-@pytest.mark.slow  # compare over both CPU studies
 def test_committed_changes_from_v1_are_the_means_of_both_versions():
     import changes  # noqa: E402  (a script of studies/)
 
@@ -326,7 +334,6 @@ def test_changes_are_the_difference_of_the_means(tmp_path):
     assert "| +1.50 | 2 / 2 |" in [line for line in section.splitlines() if line.startswith("| alibi")][0]
 
 
-@pytest.mark.slow  # compare (a bootstrap) four times
 def test_a_verdict_that_moved_is_listed_with_both_differences(tmp_path):
     """Against itself no verdict moves; ALiBi's ppl_2x raised to RoPE's plus 5.0 and 5.2 (seeds 0, 1) becomes worse
     than RoPE by 5.1 (the mean of the paired differences), and only that pair is listed against RoPE."""

@@ -17,13 +17,15 @@ from posbench.runs.store import scan_runs
 
 
 def collect(root: Path | str, task: str | None = None, *, by_run: bool = False, against: str | None = None,
-            by_model: bool = False) -> Report:
+            by_model: bool = False, comparison: Comparison | None = None) -> Report:
     """Read every run under ``root`` (optionally one task) into tables; unreadable runs go to ``problems``. One
-    ``Comparison`` serves the whole compare: each ``--init`` record and predictions file is read once."""
+    ``Comparison`` serves the whole compare: each ``--init`` record and predictions file is read once, each run
+    resampled once. Pass the same ``comparison`` to several collects of one tree (against several baselines: a
+    study's tables) to share that work; the tables are those of a collect alone."""
     runs, problems = scan_runs(Path(root))
     if task is not None:
         runs = [r for r in runs if r.task == task]
-    comparison = Comparison()
+    comparison = Comparison() if comparison is None else comparison
     if by_model:
         return Report([models_table(comparison, runs)] if runs else [], problems, unusable_values(runs))
     by_task: dict[str, list[RunRecord]] = {}

@@ -12,7 +12,7 @@ from posbench.errors import UserError
 from posbench.report.predictions import read_scores
 from posbench.report.setting_facts import SettingFacts, declared_facts
 from posbench.runs.record import RESULT_FILE, RunRecord, load_record
-from posbench.stats import ExampleScores
+from posbench.stats import ExampleScores, StratifiedBootstrap
 
 
 @dataclass
@@ -25,6 +25,13 @@ class Comparison:
     said: list[str] = field(default_factory=list)
     _parents: dict[str, RunRecord | None] = field(default_factory=dict, repr=False)
     _scores: dict[str, ExampleScores | None] = field(default_factory=dict, repr=False)
+    #: the paired differences' work, done once for every baseline this comparison is asked against: one draw of
+    #: bootstrap replicates per list of strata (each run resampled once), and each run's metric as a function of
+    #: those weights per order of examples (``posbench.report.paired``)
+    bootstraps: dict[tuple, StratifiedBootstrap] = field(default_factory=dict, repr=False)
+    aligned: dict[tuple, object] = field(default_factory=dict, repr=False)
+    _orders: dict[tuple, int] = field(default_factory=dict, repr=False)
+    _order_of: dict[int, int] = field(default_factory=dict, repr=False)
 
     def parent(self, run: RunRecord) -> RunRecord | None:
         """The record of the run this run started from (``--init``), when it is a readable posbench run."""
@@ -51,3 +58,10 @@ class Comparison:
             if line:
                 self.said.append(line)
         return self._scores[key]
+
+    def order(self, scores: ExampleScores) -> int:
+        """A number for the order of ``scores``' examples, the same for every run that lists the same keys in the
+        same order (``scores`` from ``self.scores``: each kept, so its identity stands for it)."""
+        if id(scores) not in self._order_of:
+            self._order_of[id(scores)] = self._orders.setdefault(tuple(scores.keys), len(self._orders))
+        return self._order_of[id(scores)]

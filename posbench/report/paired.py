@@ -26,20 +26,20 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-3)      # recorded metrics may be rounded to 4 decimals
 
 
-def example_functions(comparison: Comparison, a_runs: list[RunRecord], b_runs: list[RunRecord], metric: str,
-                      memo: dict | None = None) -> dict[str, Any] | None:
-    """The per-example pairing of ``metric`` between the runs (seed-aligned lists), or None. ``memo``: the
-    aligned scores already built in this compare (a reference run is paired with every row: aligned once, and
-    its metric function is the same object, so the bootstrap resamples it once)."""
-    memo = {} if memo is None else memo
+def example_functions(comparison: Comparison, a_runs: list[RunRecord], b_runs: list[RunRecord],
+                      metric: str) -> dict[str, Any] | None:
+    """The per-example pairing of ``metric`` between the runs (seed-aligned lists), or None. Each run's metric
+    function is built once per order of examples (``comparison.aligned``): a run paired with many rows, or
+    against several baselines, is the same object each time, so the bootstrap resamples it once."""
+    memo = comparison.aligned
     runs = a_runs + b_runs
     scores = [comparison.scores(r) for r in runs]
     if any(s is None or metric not in s.metrics for s in scores):
         return None
-    first = str(runs[0].path)                        # every run's examples in the order of the first run's
+    order = comparison.order(scores[0])              # every run's examples in the order of the first run's
     functions = []
     for s, run in zip(scores, runs):
-        key = (str(run.path), metric, first)
+        key = (str(run.path), metric, order)
         if key not in memo:
             memo[key] = _metric_function(s, run, metric, scores[0].keys)
         if memo[key] is None:
@@ -86,8 +86,6 @@ def add_differences(comparison: Comparison, table: TaskTable, reference: str) ->
         table.notes.append(f"--against {reference}: no {reference} run in this table")
         return
     seeds_only: set[str] = set()
-    bootstraps: dict[tuple, StratifiedBootstrap] = {}     # one draw of replicates per list of strata, for all pairs
-    aligned: dict = {}                                    # each run's metric functions, built once (example_functions)
     for row in table.rows:
         if row.encoding == reference:
             continue
@@ -107,12 +105,14 @@ def add_differences(comparison: Comparison, table: TaskTable, reference: str) ->
             b = [value_of(r, metric) for r in b_runs]
             if any(v is None for v in a + b):
                 continue
-            pairing = example_functions(comparison, a_runs, b_runs, metric, aligned) or {}
+            pairing = example_functions(comparison, a_runs, b_runs, metric) or {}
             if not pairing:
                 seeds_only.add(metric)
-            else:
+            else:                                 # one draw of replicates per list of strata, for every pair
                 strata = tuple(pairing["strata"])
-                pairing["bootstrap"] = bootstraps.setdefault(strata, StratifiedBootstrap(strata))
+                if strata not in comparison.bootstraps:
+                    comparison.bootstraps[strata] = StratifiedBootstrap(strata)
+                pairing["bootstrap"] = comparison.bootstraps[strata]
             table.differences.append(DifferenceRow(row.label, metric, table.higher_is_better[metric],
                                                    paired_difference(a, b, **pairing)))
     if seeds_only:
