@@ -134,11 +134,11 @@ def test_cli_prints_the_table_and_writes_the_result(tmp_path, capsys):
     (["--size", "huge"], "task 'bench' has no preset 'huge'; presets: small, paper"),
     (["--lengths", "16,32", "--batch", "1,2,3"], "bench: 3 batch sizes for 2 lengths; give one, or one per length"),
     (["--lengths", "16,32", "--set", "task.batch=1,2,3"], "bench: 3 batch sizes for 2 lengths"),
-    (["--timed-stepz", "3"], "bench: unknown option --timed-stepz; did you mean --timed-steps?"),
+    (["--timed-stepz", "3"], "No such option: --timed-stepz (Possible options: --steps, --timed-steps)"),
     (["--steps", "3"], "bench: --steps is train.steps, which bench does not use (it times steps, it trains to no "
                        "step count); the timed steps per cell are --timed-steps N"),
-    (["--warmup"], "bench: --warmup needs a value (task.warmup: untimed steps first)"),
-    (["extra"], "bench: unexpected argument 'extra' (settings are flags: --name value)"),
+    (["--warmup"], "Got unexpected extra argument(s) (1)"),     # --warmup --timed-steps 1 --warmup 0: its value, 0
+    (["extra"], "Got unexpected extra argument(s) (extra)"),
     (["--lengths", "sixteen"], "task.lengths='sixteen': expected an integer"),
     (["--lengths", "0"], "task.lengths=[0] is out of range: it must be a list of at least 1 item, each >= 1"),
     (["-e", "ropee"], "unknown encoding 'ropee'. Did you mean 'rope'?"),

@@ -138,7 +138,7 @@ def test_the_methods_options_are_flags_of_extend(llama_dir, capsys):
     lora = _dry_run(capsys, *common, "--method", "lora", "--r", 4)
     assert lora["encoding_options"]["r"] == 4
     assert main(["extend", *map(str, common), "--method", "lora", "--gate", "scalar", "--dry-run"]) == 2
-    assert "unknown option --gate" in capsys.readouterr().err              # a TAPE option, not LoRA's
+    assert "No such option: --gate" in capsys.readouterr().err              # a TAPE option, not LoRA's
 
 
 def test_the_sweep_help_names_the_study_files_slurm_table(capsys, monkeypatch):

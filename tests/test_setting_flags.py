@@ -1,5 +1,6 @@
 """Every setting is declared once (issue 37, item 1): the flags of ``run`` and ``bench`` are made from the options'
-declarations (``posbench.cli.setting_flags``), never written again in ``posbench/cli``."""
+declarations (``posbench.cli.setting_flags``), never written again in ``posbench/cli``; they are real options of the
+CLI library, which reads them (issue 50, item 3)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import typer
 import pytest
 
 from posbench.cli.app import app
-from posbench.cli.setting_flags import declarations, flags_help, settings_from_flags
+from posbench.cli.setting_flags import click_params, declarations, given, renamed_keys
 from posbench.errors import ConfigError
 from posbench.options import declared
 from posbench.tasks import TASKS
@@ -18,6 +19,25 @@ from posbench.train.config import TrainConfig
 SHARED_NAMES = {
     ("score", "--data"): "the directory of a data set to score against, not a run's data source",
 }
+
+
+def command_line(command: str, *args: str):
+    """The context of ``posbench COMMAND ARGS`` once click has read it (nothing run)."""
+    cli = typer.main.get_command(app).commands[command]
+    return cli.make_context(command, list(args))
+
+
+def flags_of(command: str, *args: str) -> list:
+    return given(command_line(command, *args))
+
+
+def one_error(capsys, *argv: str) -> str:
+    from posbench.cli.app import main
+
+    code = main(list(argv))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+    return err
 
 
 def test_no_command_declares_a_setting_again():
@@ -38,48 +58,88 @@ def test_bench_flags_are_the_tasks_train_and_model_declarations():
         assert known[option.flag or key.replace("_", "-")] == ("task", option)   # the same object: one declaration
     assert known["timed-steps"][0] == "task" and known["steps"][0] == "train"     # --steps: train.steps everywhere
     assert known["threads"] == ("train", declared(TrainConfig)["threads"])
-    text = flags_help("bench")
+    helps = {param.opts[0]: param.help for param in click_params(known, renamed_keys("bench"))}
     for key, option in declared(bench).items():
-        assert f"--{option.flag or key.replace('_', '-')}  {option.help} (task.{key}" in text
+        assert helps[f"--{option.flag or key.replace('_', '-')}"].startswith(f"{option.help} (task.{key}, default ")
 
 
 @pytest.mark.parametrize("args, settings", [
     (["--timed-steps", "5"], [("task", "steps", 5)]),                        # bench's timed steps: its own flag name
-    (["--timed_steps=5", "--new_tokens", "7", "--new-tokens=8"], [("task", "steps", 5), ("task", "new_tokens", 7),
-                                                                    ("task", "new_tokens", 8)]),
+    (["--timed_steps=5", "--new_tokens", "7", "--new-tokens=8"], [("task", "steps", 5), ("task", "new_tokens", 8)]),
     (["--steps", "5"], [("train", "steps", 5)]),                             # --steps: train.steps (bench refuses it)
     (["--threads", "2", "--attention", "flex"], [("train", "threads", 2), ("model", "attention", "flex")]),
     (["--compile"], [("train", "compile", True)]),                           # a true / false / auto switch, alone
     (["--no-compile", "--checkpointing"], [("train", "compile", False), ("train", "checkpointing", True)]),
-    (["--compile", "false", "--lengths", "16,32"], [("train", "compile", False), ("task", "lengths", [16, 32])]),
+    (["--compile", "--no-compile", "--lengths", "16,32"], [("train", "compile", False), ("task", "lengths", [16, 32])]),
     (["--init-std", "-0.5"], [("model", "init_std", -0.5)]),                 # a negative value is a value
+    (["--lr", "1", "--lr=-1e-3"], [("train", "lr", -1e-3)]),                # given twice: the last
 ])
 def test_flags_become_typed_settings(args, settings):
-    """A flag is read once, into (section, key, typed value): never text again."""
-    found = settings_from_flags(args, "bench", "bench")
+    """A flag is read once, by click, into (section, key, typed value): never text again."""
+    found = flags_of("bench", *args)
     assert found == settings and [type(s.value) for s in found] == [type(v) for _, _, v in settings]
 
 
 def test_a_task_without_steps_sends_steps_to_train():
-    assert settings_from_flags(["--steps", "9", "--train-digits", "4"], "arithmetic", "run") == \
+    assert flags_of("run", "-t", "arithmetic", "--steps", "9", "--train-digits", "4") == \
         [("train", "steps", 9), ("task", "train_digits", 4)]
 
 
-def test_a_flag_of_the_wrong_type_is_one_line():
-    with pytest.raises(ConfigError, match=r"^train.steps='five': expected an integer$"):
-        settings_from_flags(["--steps", "five"], "arithmetic", "run")
+def test_the_flags_are_click_options_of_this_command_line_only():
+    """The flags are parameters of the command for the command line read (``get_params``), made from the
+    declarations of the task and encodings it names; the command itself (shared by every command line) keeps its
+    own options only."""
+    from typer.core import TyperOption
+
+    ctx = command_line("run", "-t", "arithmetic", "-e", "rope", "--lr", "-1e-3", "--no-checkpointing")
+    options = {name: param for param in ctx.command.get_params(ctx) for name in param.opts}
+    for flag in ("--steps", "--train-digits", "--rope-theta", "--theta", "--checkpointing"):
+        assert isinstance(options[flag], TyperOption) and not options[flag].expose_value, flag
+    assert options["--checkpointing"].secondary_opts == ["--no-checkpointing"]          # click's own --no- form
+    assert given(ctx) == [("train", "lr", -1e-3), ("train", "checkpointing", False)]
+    own = {name for param in ctx.command.params for name in param.opts}
+    assert "--steps" not in own and "--train-digits" not in own and "-t" in own
+    other = command_line("run", "-t", "perplexity")                     # another task: its flags, not arithmetic's
+    names = {name for param in other.command.get_params(other) for name in param.opts}
+    assert "--train-digits" not in names and "--steps" in names and "--rope-theta" not in names
+    assert flags_of("extend", "--method", "tape", "-l", "128") == [("task", "length", 128)]     # -l: --length
+
+
+def test_the_help_lists_the_flags_of_the_chosen_task_and_encodings(capsys, monkeypatch):
+    from posbench.cli.app import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["run", "-t", "arithmetic", "-e", "rope", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "Settings" in text and "--no-checkpointing" in text
+    assert "(task.train_digits, default" in text and "(encoding.theta, default" in text
+    assert main(["run", "--help"]) == 0                           # no task chosen: train's and model's flags
+    text = capsys.readouterr().out
+    assert "(train.lr, default" in text and "(task." not in text and "(encoding." not in text
+    assert main(["bench", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--timed-steps" in text and "--steps " not in text               # bench refuses train.steps: not shown
+
+
+def test_a_flag_of_the_wrong_type_is_one_line(capsys):
+    err = one_error(capsys, "run", "-t", "arithmetic", "--steps", "five")
+    assert err.endswith("Invalid value for '--steps': train.steps='five': expected an integer (see 'posbench run "
+                        "--help')")
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--timed-stepz", "3"], "bench: unknown option --timed-stepz; did you mean --timed-steps?"),
-    (["--warmup"], "bench: --warmup needs a value (task.warmup: untimed steps first)"),
-    (["--warmup", "--timed-steps", "2"], "bench: --warmup needs a value"),
-    (["--no-timed-steps"], "bench: unknown option --no-timed-steps"),       # steps is no true / false setting
-    (["3"], "bench: unexpected argument '3'"),
+    (["--timed-stepz", "3"], "No such option: --timed-stepz (Possible options: "),
+    (["--warmup"], "Option '--warmup' requires an argument."),
+    (["--warmup", "--timed-steps", "2"], "Invalid value for '--warmup': needs a value (--timed-steps is an option)"),
+    (["--no-timed-steps"], "No such option: --no-timed-steps"),       # steps is no true / false setting
+    (["--compile", "false"], "Got unexpected extra argument(s) (false)"),    # true / false: --compile, --no-compile
+    (["3"], "Got unexpected extra argument(s) (3)"),
 ])
-def test_bad_flags_are_one_line(args, message):
-    with pytest.raises(ConfigError, match=message.replace("?", r"\?").replace("(", r"\(").replace(")", r"\)")):
-        settings_from_flags(args, "bench", "bench")
+def test_bad_flags_are_one_line(args, message, capsys):
+    err = one_error(capsys, "bench", "--dry-run", *args)
+    assert message in err and "(see 'posbench bench --help')" in err, err
+    if "stepz" in message:
+        assert "--timed-steps" in err
 
 
 def test_a_flag_and_set_keep_the_one_precedence(capsys):
@@ -148,10 +208,10 @@ def test_a_name_two_chosen_encodings_read_differently_is_no_plain_flag(capsys):
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["-e", "rope", "--thet", "5"], "unknown option --thet; did you mean --theta?"),
-    (["-e", "alibi", "--theta", "5"], "unknown option --theta"),            # ALiBi has no theta
-    (["-e", "rope", "--alibi-theta", "5"], "unknown option --alibi-theta"),
-    (["-e", "abacus", "--digit-ids", "1"], "unknown option --digit-ids"),   # the task gives it
+    (["-e", "rope", "--thet", "5"], "No such option: --thet (Possible options: "),
+    (["-e", "alibi", "--theta", "5"], "No such option: --theta"),            # ALiBi has no theta
+    (["-e", "rope", "--alibi-theta", "5"], "No such option: --alibi-theta"),
+    (["-e", "abacus", "--digit-ids", "1"], "No such option: --digit-ids"),   # the task gives it
     (["-e", "rope", "--theta", "-5"], "option theta=-5.0 is out of range"),  # the declaration's range
 ])
 def test_bad_encoding_flags_are_one_line(argv, expected, capsys):
@@ -160,6 +220,7 @@ def test_bad_encoding_flags_are_one_line(argv, expected, capsys):
     code = main(["run", "-t", "arithmetic", "-p", "tiny", "--dry-run", *argv])
     err = capsys.readouterr().err
     assert code == 2 and expected in err and len(err.strip().splitlines()) == 1
+    assert "--thet" not in argv or "--theta" in err                          # click's nearest names
 
 
 def test_the_tape_method_takes_the_encodings_declarations():
@@ -279,15 +340,15 @@ def test_a_task_with_its_own_model_source_is_run_by_the_one_runner(tmp_path):
 # ---- the sweep's SLURM settings: one declaration for the study file, the flags and the help -----------------
 
 def test_slurm_settings_from_the_study_file_and_the_flags_are_one_declaration(tmp_path):
-    from posbench.cli.setting_flags import parse_flags, slurm_declarations
+    from posbench.cli.setting_flags import slurm_declarations
     from posbench.sweep.slurm import SlurmOptions, slurm_options
     from posbench.sweep.study import read_study
 
     study = tmp_path / "s.toml"
     study.write_text('encodings = ["rope"]\ntasks = ["arithmetic"]\n[slurm]\nqos = "high"\nmem = "8G"\ntime = 90\n')
     table = read_study(study).slurm                                     # every declared key is a valid key
-    flags = {k: v for _, k, v in parse_flags(["--qos", "low", "--gpus-per-cell", "2", "--time", "1:30:00"],
-                                             slurm_declarations(), "sweep", "")}
+    flags = {k: v for _, k, v in flags_of("sweep", "--qos", "low", str(study), "--gpus-per-cell", "2", "--time",
+                                          "1:30:00")}
     options = slurm_options(table, flags)                                # the flags win over the table
     assert (options.qos, options.mem, options.time, options.gpus_per_cell) == ("low", "8G", 90, 2)
     assert set(slurm_declarations()) == {k.replace("_", "-") for k in declared(SlurmOptions)} - {"additional"}
@@ -304,7 +365,7 @@ def test_the_sweep_refuses_slurm_flags_for_a_local_run_and_misspellings(tmp_path
     assert main(["sweep", str(study), "--dry-run", "--mem", "8G"]) == 2
     assert "--mem: options of --executor slurm" in capsys.readouterr().err
     assert main(["sweep", str(study), "--dry-run", "--executor", "slurm", "--partitoin", "gpu"]) == 2
-    assert "did you mean --partition?" in capsys.readouterr().err
+    assert "No such option: --partitoin (Possible options: --partition)" in capsys.readouterr().err
     assert main(["sweep", str(study), "--dry-run", "--executor", "slurm", "--mem", "8G", "--time", "30"]) == 0
     assert "30 min per cell" in capsys.readouterr().out
 
@@ -313,9 +374,12 @@ def test_the_sweep_refuses_slurm_flags_for_a_local_run_and_misspellings(tmp_path
 
 @pytest.mark.parametrize("argv, expected", [
     (["run", "-t", "arithmetic", "-e", "rope", "-p", "tiny", "--lr", "-1e-3"], "train.lr=-0.001 is out of range"),
-    (["run", "-t", "arithmetic", "-e", "rope", "--dry-rn"], "did you mean --dry-run?"),
-    (["run", "-t", "arithmetic", "-e", "rope", "--no-checkpointing=true"], "--no-checkpointing takes no value"),
-    (["run", "-t", "arithmetic", "-e", "rope", "--vocab-size", "300"], "run: unknown option --vocab-size"),
+    (["run", "-t", "arithmetic", "-e", "rope", "--dry-rn"], "No such option: --dry-rn (Possible options: --dry-run)"),
+    (["run", "-t", "arithmetic", "-e", "rope", "--no-checkpointing=true"],
+     "Option '--no-checkpointing' does not take a value."),
+    (["run", "-t", "arithmetic", "-e", "rope", "--vocab-size", "300"], "No such option: --vocab-size"),
+    (["run", "-qt", "arithmetic", "-e", "rope", "--train-digits", "3"], "No such option: --train-digits"),
+    (["run", "-qt", "arithmetic", "-e", "rope"], "give --task as its own word"),      # the flags depend on it
     (["bench", "--set", "batch=1,2,3", "--lengths", "1,2"], "bench: 3 batch sizes for 2 lengths"),
     (["extend", "--model", "x", "--method", "tape", "--set", "length=128"], "extend needs --data"),
 ])

@@ -39,14 +39,14 @@ def bench(
 
     Every setting of bench, of train and of model is a flag (below): --timed-steps 5, --lengths 1024,8192,
     --mode decode, --compile, --attention flex, --threads 2."""
-    from posbench.cli.setting_flags import own_options, settings_from_flags
+    from posbench.cli import setting_flags
     from posbench.errors import ConfigError
     from posbench.runs import runner
     from posbench.runs.config import Setting, resolve_run_config
 
     out_dir = Path("results") if out_dir is None else out_dir
     with user_errors():
-        given = settings_from_flags(list(ctx.args), "bench", "bench", own_options(ctx.command))
+        given = setting_flags.given(ctx)            # the settings flags, typed (posbench.cli.setting_flags)
         if any((s.section, s.key) == ("train", "steps") for s in given):
             raise ConfigError("bench: --steps is train.steps, which bench does not use (it times steps, it trains "
                               "to no step count); the timed steps per cell are --timed-steps N")

@@ -48,25 +48,23 @@ def extend(
 
     Every setting of the extend task, of train and of model is a flag (below): --length 8192 and --data SOURCE
     (both needed), --scale 2, --steps 100, --lr 2e-5; and so is every option of the method (--tape-gate scalar)."""
+    from posbench.cli import setting_flags
     from posbench.cli.run import parse_seeds
-    from posbench.cli.setting_flags import for_encoding, own_options, settings_from_flags
     from posbench.errors import ConfigError
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
 
     out_dir = Path("results") if out_dir is None else out_dir
+    flags = setting_flags.given(ctx)                   # the settings flags, typed; -l is --length
     with user_errors():
         reporter = progress_reporter(quiet)
         if resume is not None:
-            others = bool(model or method or sets or logs or ctx.args)
+            others = bool(model or method or sets or logs or flags)
             outcome = resume_run(resume, others=others, dry_run=dry_run, device=device, reporter=reporter)
             if outcome is None:
                 return
         else:
-            flags = ["--length" if word == "-l" else word for word in ctx.args]       # -l: --length, as before
-            chosen = [method] if method else []
-            settings = for_encoding(settings_from_flags(flags, "extend", "extend", own_options(ctx.command), chosen),
-                                    "extend", method)
+            settings = setting_flags.for_encoding(flags, "extend", method)
             given = {s.key for s in settings if s.section == "task"} | \
                 {item.partition("=")[0].strip().removeprefix("task.") for item in sets}   # --set data, task.data
             missing = [flag for flag, value in (("--model", model), ("--method", method),

@@ -4,6 +4,10 @@ names are whatever is registered (a plugin's too), read when the help is shown.
 Importing the registries takes seconds (torch and every encoding), so the option's help is filled in only when
 the command's help is formatted, not when the command line is built: ``posbench compare`` never pays for it.
 A command whose help names registered things is registered with ``cls=`` one of the classes below.
+
+The commands whose settings are flags (``run``, ``extend``, ``bench``, ``sweep``) are ``SettingFlags``: the flags of
+the command line being read are click options made from the settings' declarations (``posbench.cli.setting_flags``),
+listed by ``--help`` in a panel of their own.
 """
 
 from __future__ import annotations
@@ -76,75 +80,142 @@ def extend_presets_help() -> str:
 
 
 class SettingFlags(RegistryHelp):
-    """A command that reads settings as flags (``posbench.cli.setting_flags``) from click's extra arguments, which
-    it lets through (unknown options and extra words). Before click parses, ``--name VALUE`` of a name the command
-    does not declare becomes ``--name=VALUE``: click then leaves it whole (a value such as ``-1e-3`` is not read as
-    short options, and a positional argument after it, the sweep's study file, stays positional)."""
+    """A command whose settings are flags (``posbench.cli.setting_flags``): real click options, made for each
+    command line from the declarations of the settings it can set (``flag_declarations``: those of a run of the
+    task and encodings it names) and added to the command's own for that command line only (``get_params``, from
+    ``ctx.meta``: the command object is shared by every command line read in the process, and never changes).
+    Click then reads the whole command line, and the options' callbacks give the typed settings
+    (``setting_flags.given(ctx)``). What decides the flags (``-t``, ``-e``, ``--method``) is read from the words
+    before click reads them (``chosen``), and checked against what click read."""
+
+    #: the options whose values decide which flags there are (their ``dest`` names), as ``chosen`` reads them
+    choosers: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: a flag's short name
+    short_flags: ClassVar[dict[str, str]] = {}
+    #: flags left out of the help
+    hidden_flags: ClassVar[tuple[str, ...]] = ()
+    #: the panel of the help that lists them
+    flags_panel: ClassVar[str] = "Settings"
 
     def __init__(self, *args: Any, context_settings: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        lets_through = {"allow_extra_args": True, "ignore_unknown_options": True}
-        super().__init__(*args, context_settings={**lets_through, **(context_settings or {})}, **kwargs)
+        from posbench.cli.setting_flags import underscores_as_dashes
+
+        settings = {"token_normalize_func": underscores_as_dashes, **(context_settings or {})}
+        super().__init__(*args, context_settings=settings, **kwargs)
+
+    def flag_declarations(self, chosen: dict[str, str | None]) -> tuple[dict[str, tuple[str, Any]], dict[str, str]]:
+        """The flags (``setting_flags.declarations``) and their renamed keys for the ``chosen`` values."""
+        raise NotImplementedError
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        import re
+        from posbench.cli.setting_flags import GIVEN, PARAMS, click_params
+        from posbench.errors import UserError
 
-        from posbench.cli.setting_flags import own_options
+        chosen = {name: given_value(args, names) for name, names in self.choosers.items()}
+        try:
+            known, renamed = self.flag_declarations(chosen)
+        except UserError as exc:                 # an unknown task or encoding: one line, exit code 2
+            ctx.fail(str(exc))
+        own = {name for param in self.params for name in (*param.opts, *param.secondary_opts)}
+        ctx.meta[PARAMS] = click_params(known, renamed, taken=own, short=self.short_flags,
+                                       hidden=self.hidden_flags, panel=self.flags_panel)
+        ctx.meta[GIVEN] = []
+        try:
+            rest = super().parse_args(ctx, args)
+        except Exception as exc:        # click's usage errors, told by their public attributes
+            if getattr(exc, "ctx", False) is None:          # "requires an argument": the command's, not posbench's
+                exc.ctx = ctx
+            if getattr(exc, "possibilities", None) is not None and hasattr(exc, "option_name"):   # no such option
+                exc.possibilities = meant(exc.option_name, exc.possibilities, self)
+            raise
+        read = {name: ctx.params.get(name) for name in self.choosers}
+        if read != chosen and not ctx.resilient_parsing:
+            names = ", ".join(self.choosers[name][-1] for name in read if read[name] != chosen[name])
+            ctx.fail(f"give {names} as its own word (--name VALUE or --name=VALUE): the settings flags depend on it")
+        return rest
 
-        own = own_options(self)
-        joined, i = [], 0
-        while i < len(args):
-            word = args[i]
-            value = args[i + 1] if i + 1 < len(args) else None
-            if word.startswith("--") and "=" not in word and word not in own and word != "--" and value is not None \
-                    and (not value.startswith("-") or re.fullmatch(r"-\.?\d.*", value)):
-                joined.append(f"{word}={value}")
-                i += 2
-                continue
-            joined.append(word)
-            i += 1
-        return super().parse_args(ctx, joined)
+    def get_params(self, ctx: Any) -> list[Any]:
+        from posbench.cli.setting_flags import PARAMS
 
-
-class SettingsHelp(SettingFlags):
-    """A command whose settings are flags made from their declarations (``posbench.cli.setting_flags``): their list
-    (``listing``; by default those of a run of ``task``) is appended to the epilog when the help is shown."""
-
-    task: ClassVar[str] = ""
-
-    def listing(self) -> str:
-        from posbench.cli.setting_flags import flags_help, own_options
-
-        return flags_help(self.task, own_options(self))
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        from rich.markup import escape
-
-        if not getattr(self, "_listed", False):
-            self.epilog = (self.epilog or "") + "\n" + escape(self.listing())
-            self._listed = True
-        return super().format_help(ctx, formatter)
+        return [*super().get_params(ctx), *ctx.meta.get(PARAMS, ())]
 
 
-class SweepHelp(SettingsHelp):
-    def listing(self) -> str:
-        from posbench.cli.setting_flags import flags_help, slurm_declarations
+def meant(name: str, nearest: list[str], command: Any) -> list[str]:
+    """What the unknown option ``name`` may have meant, of click's ``nearest`` spellings: those that begin it
+    (``--output``: ``--out``), else the command's own options whose help names it (``described``), else all."""
+    return [near for near in nearest if name.startswith(near)] or described(name, command) or list(nearest)
 
-        return flags_help("", known=slurm_declarations())
+
+def described(name: str, command: Any) -> list[str]:
+    """The command's own options whose help has a word that starts with the unknown option's ``name`` (at least 4
+    letters): ``--results`` is ``--out`` ("Results root directory"), where click's nearest spelling is
+    ``--resume``."""
+    import re
+
+    word = name.lstrip("-").replace("-", " ")
+    if len(word) < 4:
+        return []
+    pattern = re.compile(rf"\b{re.escape(word)}", re.IGNORECASE)
+    return [next(opt for opt in param.opts if opt.startswith("--")) for param in command.params
+            if getattr(param, "help", None) and pattern.search(param.help)
+            and any(opt.startswith("--") for opt in param.opts)][:3]
 
 
-class BenchHelp(SettingsHelp):
-    task = "bench"
-
-    def listing(self) -> str:
-        from posbench.cli.setting_flags import flags_help, own_options
-
-        return flags_help(self.task, {*own_options(self), "--steps"})      # train.steps: bench refuses it
+def given_value(args: list[str], names: tuple[str, ...]) -> str | None:
+    """The value the command line gives the option spelled ``names`` (``-t x``, ``--task x``, ``--task=x``,
+    ``-tx``; of several, the last, as click keeps), read before click reads the command line."""
+    found, i = None, 0
+    while i < len(args) and args[i] != "--":
+        word = args[i]
+        long = next((n for n in names if n.startswith("--") and word.startswith(n + "=")), None)
+        short = next((n for n in names if len(n) == 2 and word.startswith(n) and len(word) > 2), None)
+        if word in names and i + 1 < len(args):
+            found, i = args[i + 1], i + 2
+            continue
+        if long is not None:
+            found = word[len(long) + 1:]
+        elif short is not None and not word.startswith("--"):
+            found = word[2:]
+        i += 1
+    return found
 
 
 class RunHelp(SettingFlags):
     fills = {"encoding": encodings_help, "task": tasks_help, "preset": presets_help}
+    choosers = {"task": ("-t", "--task"), "encoding": ("-e", "--encoding")}
+
+    def flag_declarations(self, chosen: dict[str, str | None]) -> tuple[dict[str, tuple[str, Any]], dict[str, str]]:
+        from posbench.cli.common import split_names
+        from posbench.cli.setting_flags import declarations, renamed_keys
+
+        task = chosen["task"]
+        return declarations(task, split_names(chosen["encoding"] or "")), renamed_keys(task)
 
 
-class ExtendHelp(SettingsHelp):
-    task = "extend"
+class ExtendHelp(SettingFlags):
     fills = {"method": methods_help, "preset": extend_presets_help}
+    choosers = {"method": ("--method",)}
+    short_flags = {"length": "-l"}
+
+    def flag_declarations(self, chosen: dict[str, str | None]) -> tuple[dict[str, tuple[str, Any]], dict[str, str]]:
+        from posbench.cli.setting_flags import declarations, renamed_keys
+
+        return declarations("extend", [chosen["method"]] if chosen["method"] else []), renamed_keys("extend")
+
+
+class BenchHelp(SettingFlags):
+    hidden_flags = ("steps",)                   # train.steps: bench refuses it (its timed steps are --timed-steps)
+
+    def flag_declarations(self, chosen: dict[str, str | None]) -> tuple[dict[str, tuple[str, Any]], dict[str, str]]:
+        from posbench.cli.setting_flags import declarations, renamed_keys
+
+        return declarations("bench"), renamed_keys("bench")
+
+
+class SweepHelp(SettingFlags):
+    flags_panel = "Executor settings"
+
+    def flag_declarations(self, chosen: dict[str, str | None]) -> tuple[dict[str, tuple[str, Any]], dict[str, str]]:
+        from posbench.cli.setting_flags import slurm_declarations
+
+        return slurm_declarations(), {}

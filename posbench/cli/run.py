@@ -53,17 +53,20 @@ def run(
 
     Every setting of the task, of train, of model and of the chosen encoding is also a flag
     (--lr 3e-4, --train-digits 4: the task's own first; 'posbench ls tasks TASK' lists a task's; --theta 500000
-    or --rope-theta 500000: 'posbench ls encodings NAME' lists an encoding's)."""
+    or --rope-theta 500000: 'posbench ls encodings NAME' lists an encoding's).
+    With -t TASK and -e NAME, --help lists them all (Settings, below)."""
+    from posbench.cli.setting_flags import for_encoding, given
     from posbench.errors import ConfigError
     from posbench.runs import runner
     from posbench.runs.config import resolve_run_config
 
     out_dir = Path("results") if out_dir is None else out_dir
+    flags = given(ctx)                                 # the settings flags, typed (posbench.cli.setting_flags)
     with user_errors():
         reporter = progress_reporter(quiet)
         if resume is not None:
             others = bool(encoding or task or preset or sets or init or seed is not None or seeds is not None or logs
-                          or ctx.args)
+                          or flags)
             outcome = resume_run(resume, others=others, dry_run=dry_run, device=device, reporter=reporter)
             if outcome is not None:
                 show_outcome(outcome)
@@ -72,12 +75,9 @@ def run(
             raise ConfigError("--task is required ('posbench ls tasks' lists them)")
         if task == "bench":                            # a measurement the runner runs, not a task
             raise ConfigError("bench is not a task: run it with 'posbench bench' ('posbench bench --help')")
-        from posbench.cli.setting_flags import for_encoding, own_options, settings_from_flags
-
         names = split_names(encoding) if encoding else [None]
         if encoding is not None and not names:
             raise ConfigError("--encoding is empty")
-        flags = settings_from_flags(list(ctx.args), task, "run", own_options(ctx.command), [n for n in names if n])
         # seed-major: every encoding under seed 0, then under seed 1, ... (a stopped sweep stays balanced)
         configs = [resolve_run_config(task, name, preset, seed=s, device=device,
                                       init=str(Path(init)) if init is not None else None,

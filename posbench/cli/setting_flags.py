@@ -5,26 +5,30 @@ has the name) or ``--rope-theta 500000`` (always; with several encodings it sets
 sets every chosen encoding that declares ``theta``). Nothing is declared here: the flags are made, when the command
 line is read, from the one declaration of each option (``posbench.options``: a task's ``OPTIONS``, ``TrainConfig``'s
 and ``ModelConfig``'s fields), so their names, types, defaults, ranges and help cannot drift from what ``--set``,
-presets and ``posbench ls`` use. A flag becomes a typed ``Setting`` (section, key, value: read here, once, as its
+presets and ``posbench ls`` use.
+
+Each flag is a real option of the CLI library (``click_params``: typer makes it from a declaration, as it makes a
+command's own), added to the command for one command line (``posbench.cli.registry_help.SettingFlags``), so click
+reads them: ``--name value``, ``--name=value``, a value that starts with ``-`` (``--lr -1e-3``), underscores or
+dashes (``--new_tokens``: the command's ``token_normalize_func``), a true / false setting as ``--name`` (true) or
+``--no-name`` (false), an unknown flag refused with click's nearest names. Lists are comma-separated (``--lengths
+1024,8192``). A flag becomes a typed ``Setting`` (section, key, value: read by its option's callback, once, as its
 declaration's type; never text again), applied before the command line's own ``--set`` entries, so the one
-precedence is: declared default < preset < --init model < study < flags < ``--set`` (of a flag given twice, the
-last).
+precedence is: declared default < preset < --init model < study < flags < ``--set``. Of a flag given twice, the
+last value counts; different flags come in the order click reads them (the order of their first appearance).
 
 A setting's flag is its key with dashes, or its declaration's ``flag`` (bench's timed steps: ``--timed-steps``, as
 ``--steps`` is ``train.steps`` in every command).
-
-Spellings: ``--name value``, ``--name=value``, underscores or dashes (``--new-tokens``); a true / false option
-also as ``--name`` alone (true) and ``--no-name`` (false). Lists are comma-separated (``--lengths 1024,8192``).
 """
 
 from __future__ import annotations
 
-import difflib
-import re
+import inspect
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
-from posbench.errors import ConfigError
+import typer
+
 from posbench.options import Switch
 
 if TYPE_CHECKING:                       # (posbench.runs.config imports torch: read when flags are)
@@ -38,8 +42,9 @@ SECTIONS = ("task", "train", "model")
 ONE_ENCODING = "encoding:"
 
 
-def declarations(task_name: str, encodings: Iterable[str] = ()) -> dict[str, tuple[str, Any]]:
-    """Flag name (dashes) -> (section, its ``Option``), for a run of task ``task_name`` with ``encodings`` (names
+def declarations(task_name: str | None, encodings: Iterable[str] = ()) -> dict[str, tuple[str, Any]]:
+    """Flag name (dashes) -> (section, its ``Option``), for a run of task ``task_name`` (None: no task chosen yet,
+    train's and model's flags only) with ``encodings`` (names
     of the task's registry: encodings, or extend's methods; an unknown name is refused by the registry, in one
     line). An encoding's option is always ``--NAME-KEY``; it is also ``--KEY`` unless that name is taken (a task,
     train or model setting, or another encoding's ``--NAME-KEY``: DAPE's ``fire_init_l`` is ``--dape-fire-init-l``
@@ -68,13 +73,14 @@ def declarations(task_name: str, encodings: Iterable[str] = ()) -> dict[str, tup
     return found
 
 
-def section_options(task_name: str) -> dict[str, dict[str, Any]]:
-    """The declarations of the task's, train's and model's settings, by section."""
+def section_options(task_name: str | None) -> dict[str, dict[str, Any]]:
+    """The declarations of the task's (none without a task), train's and model's settings, by section."""
     from posbench.options import declared
     from posbench.runs.config import model_options, task_class
     from posbench.train.config import TrainConfig
 
-    return {"task": declared(task_class(task_name)), "train": declared(TrainConfig), "model": model_options()}
+    return {"task": declared(task_class(task_name)) if task_name else {}, "train": declared(TrainConfig),
+            "model": model_options()}
 
 
 def flag_name(key: str, option: Any) -> str:
@@ -83,23 +89,23 @@ def flag_name(key: str, option: Any) -> str:
     return getattr(option, "flag", "") or key.replace("_", "-")
 
 
-def renamed_keys(task_name: str) -> dict[str, str]:
+def renamed_keys(task_name: str | None) -> dict[str, str]:
     """``timed_steps`` -> ``steps``: the key each setting whose flag is not its key's name sets."""
     return {flag.replace("-", "_"): key for options in section_options(task_name).values()
             for key, option in options.items() if (flag := getattr(option, "flag", ""))}
 
 
-def encoding_classes(task_name: str, names: Iterable[str]) -> dict[str, Any]:
+def encoding_classes(task_name: str | None, names: Iterable[str]) -> dict[str, Any]:
     """The classes of ``names`` in the registry the task's runs choose from (its model source's)."""
     from posbench.runs.config import task_class
 
-    task = task_class(task_name)
+    task = task_class(task_name) if task_name else None
     registry = task.model_source.encodings() if task is not None and names else {}
     return {name: registry.get(name) for name in names if registry.get(name) is not None}
 
 
 def for_encoding(settings: list[Setting], task_name: str, name: str | None) -> list[Setting]:
-    """The ``settings_from_flags`` that apply to the run of encoding ``name``: an ``encoding`` setting when that
+    """The flags' settings (``given``) that apply to the run of encoding ``name``: an ``encoding`` setting when that
     encoding declares its key (``--theta`` with ``-e rope,alibi`` sets RoPE's theta, and ALiBi has none), an
     ``encoding:NAME`` one (``--rope-theta``) for that encoding only, every other as it is."""
     from posbench.options import declared
@@ -118,113 +124,9 @@ def for_encoding(settings: list[Setting], task_name: str, name: str | None) -> l
     return kept
 
 
-def settings_from_flags(args: list[str], task_name: str, command: str, own: Iterable[str] = (),
-                        encodings: Iterable[str] = ()) -> list[Setting]:
-    """The typed ``Setting``s that the flags ``args`` name; one ``ConfigError`` line for an unknown flag (with the
-    nearest names, the command's ``own`` options among them), a stray word or a value of the wrong type. With
-    ``encodings``, their options are flags too: pass each run's settings through ``for_encoding``."""
-    from posbench.runs.config import Setting, typed
-
-    where = (f"the {task_name} task's settings, train's, model's and the encoding's are flags: 'posbench ls tasks "
-             f"{task_name}' lists the task's, 'posbench ls encodings NAME' an encoding's")
-    renamed = renamed_keys(task_name)
-    known = declarations(task_name, encodings)
-    found = []
-    for section, flag_key, value in parse_flags(args, known, command, where, own):
-        option = known[flag_key.replace("_", "-")][1]
-        key = option_key(section, renamed.get(flag_key, flag_key) if section in SECTIONS else flag_key)
-        at = "encoding" if section.startswith(ONE_ENCODING) else section
-        found.append(Setting(section, key, typed(f"{at}.{key}", value, option.default, option.limit)))
-    return found
-
-
-def option_key(section: str, key: str) -> str:
-    """The option a flag sets: ``rope_theta`` in section ``encoding:rope`` is ``theta``."""
-    return key.removeprefix(section.removeprefix(ONE_ENCODING).replace("-", "_") + "_") \
-        if section.startswith(ONE_ENCODING) else key
-
-
-def own_options(command: Any) -> dict[str, str]:
-    """The options a click command declares itself (``--dry-run``, ``-q``, ``--no-compiled``: never settings flags),
-    each with its help (an unknown flag's suggestions read it)."""
-    return {name: getattr(param, "help", None) or "" for param in command.params
-            for name in (*getattr(param, "opts", []), *getattr(param, "secondary_opts", []))}
-
-
-def parse_flags(args: list[str], known: dict[str, tuple[str, Any]], command: str, where: str,
-                own: Iterable[str] = ()) -> list[tuple[str, str, str]]:
-    """``(section, key, value)`` for each flag of ``args``, ``known`` mapping flag names (dashes) to their section
-    and declaration; ``where`` says, in an unknown flag's error, where the valid ones are listed."""
-    found, i = [], 0
-    while i < len(args):
-        word = args[i]
-        if not word.startswith("--") or word == "--":
-            raise ConfigError(f"{command}: unexpected argument {word!r} (settings are flags: --name value)")
-        name, eq, value = word[2:].partition("=")
-        name = name.replace("_", "-")
-        negated = name.startswith("no-") and name not in known and name[3:] in known \
-            and true_or_false(known[name[3:]][1])
-        key = name[3:] if negated else name
-        if key not in known:
-            names = [*known, *(o[2:] for o in own if o.startswith("--"))]
-            close = suggestions(key, names, own)
-            hint = f"; did you mean {', '.join('--' + c for c in close)}?" if close else ""
-            raise ConfigError(f"{command}: unknown option --{name}{hint} ({where})")
-        if negated and eq:
-            raise ConfigError(f"{command}: --{name} takes no value (--{key} VALUE sets one)")
-        section, option = known[key]
-        boolean = true_or_false(option)                                        # a Switch: or auto
-        needs_value = ConfigError(f"{command}: --{name} needs a value ({section}.{key.replace('-', '_')}: "
-                                  f"{option.help})")
-        if negated or (boolean and not eq and (i + 1 == len(args) or args[i + 1].startswith("--"))):
-            if not boolean:
-                raise needs_value
-            value, i = ("false" if negated else "true"), i + 1
-        elif not eq:
-            if i + 1 == len(args) or args[i + 1].startswith("--"):
-                raise needs_value
-            value, i = args[i + 1], i + 2
-        else:
-            i += 1
-        found.append((section, key.replace("-", "_"), value))
-    return found
-
-
-def suggestions(key: str, names: list[str], own: Iterable[str] | dict[str, str]) -> list[str]:
-    """What an unknown flag ``--key`` may have meant, best first, at most 3: the options whose name begins it
-    (``--output``: ``--out``), else the command's own options whose help names it (``described``), else the
-    nearest spellings."""
-    begins = [name for name in names if len(name) >= 3 and key.startswith(name) and key != name]
-    return (begins or described(key, own) or difflib.get_close_matches(key, names, n=3))[:3]
-
-
-def described(key: str, own: Iterable[str] | dict[str, str]) -> list[str]:
-    """The command's own options whose help has a word that starts with ``key`` (at least 4 letters): ``--results``
-    is ``--out`` ("Results root directory"), where its spelling is nearest ``--resume``."""
-    if len(key) < 4 or not isinstance(own, dict):
-        return []
-    word = re.compile(rf"\b{re.escape(key.replace('-', ' '))}", re.IGNORECASE)
-    return [name[2:] for name, text in own.items() if name.startswith("--") and word.search(text)][:3]
-
-
 def true_or_false(option: Any) -> bool:
     """Whether the setting may be given as ``--name`` alone (true) or ``--no-name`` (false)."""
     return isinstance(option.default, bool) or isinstance(option.limit, Switch)
-
-
-def flags_help(task_name: str, taken: set[str] = frozenset(), known: dict[str, tuple[str, Any]] | None = None) -> str:
-    """The flags of a run of ``task_name`` (or ``known``), one line each, for ``--help`` (read when the help is
-    shown); ``taken``: names the command declares itself (its own ``--encoding``), left out."""
-    lines = []
-    renamed = renamed_keys(task_name) if known is None else {}
-    for name, (section, option) in (known if known is not None else declarations(task_name)).items():
-        if f"--{name}" in taken:
-            continue
-        default = ",".join(map(str, option.default)) if isinstance(option.default, list) else option.default
-        default = "none" if default in ("", None) else default
-        key = name.replace("-", "_")
-        lines.append(f"  --{name}  {option.help} ({section}.{renamed.get(key, key)}, default {default})")
-    return "\n\n".join(lines)
 
 
 def slurm_declarations() -> dict[str, tuple[str, Any]]:
@@ -234,3 +136,112 @@ def slurm_declarations() -> dict[str, tuple[str, Any]]:
 
     return {key.replace("_", "-"): ("slurm", option) for key, option in declared(SlurmOptions).items()
             if key != "additional"}                  # a table: the study file's [slurm] only
+
+
+# ---- the flags as click options ------------------------------------------------------------------------------
+
+#: ``ctx.meta`` keys: the click options made for the command line being read, and the settings it gave
+PARAMS = "posbench.setting_flags.params"
+GIVEN = "posbench.setting_flags.given"
+
+#: the panel of ``--help`` that lists them (by default)
+PANEL = "Settings"
+
+
+def click_params(known: dict[str, tuple[str, Any]], renamed: dict[str, str] | None = None, *,
+                 taken: Iterable[str] = (), short: dict[str, str] | None = None,
+                 hidden: Iterable[str] = (), panel: str = PANEL) -> list[Any]:
+    """One click option per flag of ``known`` (flag name -> (section, its ``Option``)), made by typer as it makes
+    a command's own: a parameter of a generated signature, which ``typer.main.get_command`` reads, whose default
+    is a ``typer.models.OptionInfo`` (what typer's ``Option()`` returns; made here from a declaration, so no
+    option is written by hand: tests/test_cli_options_once.py counts those). A true / false setting is
+    ``--name/--no-name``, every other ``--name VALUE`` (a list: comma-separated). ``renamed``: ``renamed_keys``;
+    ``taken``: the command's own option names (never a setting's); ``short``: a flag's short name (extend's
+    ``-l``: ``--length``); ``hidden``: flags left out of ``--help`` (bench's ``--steps``, which it refuses);
+    ``panel``: where ``--help`` lists them. Each option's callback reads its value as its declaration's type into
+    a ``Setting`` appended to ``ctx.meta[GIVEN]``; the option puts nothing into ``ctx.params`` (the command's
+    function never sees it)."""
+    from typer.models import OptionInfo
+
+    taken, short, hidden, renamed = set(taken), short or {}, set(hidden), renamed or {}
+    parameters = []
+    for flag, (section, option) in known.items():
+        if f"--{flag}" in taken or f"--no-{flag}" in taken:
+            continue
+        key = setting_key(flag, section, renamed)
+        where = f"{'encoding' if section.startswith(ONE_ENCODING) else section}.{key}"
+        switch = true_or_false(option)
+        names = (f"--{flag}/--no-{flag}",) if switch else (f"--{flag}", *([short[flag]] if flag in short else []))
+        default = ",".join(map(str, option.default)) if isinstance(option.default, list) else option.default
+        default = "none" if default in ("", None) else str(default).lower() if switch else str(default)
+        info = OptionInfo(default=None, param_decls=names, help=f"{option.help} ({where}, default {default})",
+                          show_default=False, callback=reader(section, key, where, option), expose_value=False,
+                          metavar=None if switch else metavar(option.default), hidden=flag in hidden,
+                          rich_help_panel=panel)
+        parameters.append(inspect.Parameter(f"setting_{len(parameters)}", inspect.Parameter.KEYWORD_ONLY,
+                                            default=info, annotation=Optional[bool] if switch else Optional[str]))
+    if not parameters:
+        return []
+
+    def flags(**values: Any) -> None:                   # never called: typer reads its signature
+        return None
+
+    flags.__signature__ = inspect.Signature(parameters)
+    flags.__annotations__ = {p.name: p.annotation for p in parameters}
+    made = typer.Typer(add_completion=False)
+    made.command()(flags)
+    return list(typer.main.get_command(made).params)
+
+
+def setting_key(flag: str, section: str, renamed: dict[str, str]) -> str:
+    """The key the flag sets in its section: ``--timed-steps`` is bench's ``steps`` (``renamed``), ``--rope-theta``
+    RoPE's ``theta``, every other its name with underscores."""
+    name = flag.replace("-", "_")
+    if section.startswith(ONE_ENCODING):
+        return name.removeprefix(section.removeprefix(ONE_ENCODING).replace("-", "_") + "_")
+    return renamed.get(name, name) if section in SECTIONS else name
+
+
+def metavar(default: Any) -> str:
+    """What a flag's value is, for ``--help``: INTEGER, NUMBER, TEXT, or a comma-separated list of them."""
+    if isinstance(default, list):
+        return f"{metavar(default[0]) if default else 'TEXT'},..."
+    return "INTEGER" if isinstance(default, int) else "NUMBER" if isinstance(default, float) else "TEXT"
+
+
+def reader(section: str, key: str, where: str, option: Any):
+    """The callback of a flag's option: its value (None: not given) as ``option``'s type, a ``Setting``; a value of
+    the wrong type is click's bad parameter (one line, exit code 2)."""
+
+    def read(ctx: typer.Context, value: Any) -> None:
+        from posbench.errors import UserError
+        from posbench.runs.config import Setting, typed
+
+        if value is None:
+            return None
+        if isinstance(value, str) and underscores_as_dashes(value.partition("=")[0]) in option_names(ctx):
+            raise typer.BadParameter(f"needs a value ({value} is an option)")       # --warmup --timed-steps 2
+        try:
+            value = typed(where, value, option.default, option.limit)
+        except UserError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        ctx.meta.setdefault(GIVEN, []).append(Setting(section, key, value))
+        return None
+
+    return read
+
+
+def option_names(ctx: Any) -> set[str]:
+    """The names of every option of the command line's command, its settings flags too."""
+    return {name for param in ctx.command.get_params(ctx) for name in (*param.opts, *param.secondary_opts)
+            if name.startswith("-")}
+
+
+def given(ctx: Any) -> list[Setting]:
+    """The settings the command line gave as flags, typed, in the order click read them."""
+    return list(ctx.meta.get(GIVEN, []))
+
+
+def underscores_as_dashes(name: str) -> str:
+    """click's ``token_normalize_func`` of a command with settings flags: ``--new_tokens`` is ``--new-tokens``."""
+    return name.replace("_", "-")

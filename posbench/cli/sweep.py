@@ -4,7 +4,7 @@ or on SLURM; a rerun skips finished cells and resumes killed ones (docs/sweeps.m
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -46,7 +46,7 @@ def sweep(
     reruns failed ones with --retry-failed. Ends with a table of every cell and the 'posbench compare' command.
 
     STUDY_FILE: the study file, a .toml (docs/sweeps.md)."""
-    from posbench.cli.setting_flags import own_options, parse_flags, slurm_declarations
+    from posbench.cli.setting_flags import given
     from posbench.sweep.display import expected_total, plan_table
     from posbench.sweep.plan import expand, validate
     from posbench.sweep.study import StudyError, read_study
@@ -56,15 +56,12 @@ def sweep(
             raise StudyError(f"--executor {executor!r}: choose local or slurm")
         if jobs is not None and jobs < 1:
             raise StudyError(f"--jobs must be >= 1, got {jobs}")
-        study_file, flags = study_and_flags(study_file, list(ctx.args))
-        listed = "'posbench sweep --help' lists them"
-        given = {key: value for _, key, value in
-                 parse_flags(flags, slurm_declarations(), "sweep", listed, own_options(ctx.command))}
+        flags = {setting.key: setting.value for setting in given(ctx)}          # --partition gpu: the executor's
         study = read_study(study_file)
         cells = expand(study)
         validate(cells)
         root = out_dir if out_dir is not None else Path("results") / study.name
-        runner = make_executor(executor, study, root, jobs=jobs, given=given, dry_run=dry_run)
+        runner = make_executor(executor, study, root, jobs=jobs, given=flags, dry_run=dry_run)
         console = wide_out()
         console.print(plan_table(cells, statuses(cells, root, getattr(runner, "state_of", None))))
         console.print(expected_total(cells))
@@ -74,19 +71,6 @@ def sweep(
         code = run_study(study, cells, root, runner, retry_failed=retry_failed, quiet=quiet)
     if code:
         raise typer.Exit(code)
-
-
-def study_and_flags(first: Path, rest: list[str]) -> tuple[Path, list[str]]:
-    """The study file and the settings flags: click gives the first of its leftover words to STUDY.toml, which is a
-    flag (``--partition=gpu``, joined to its value before parsing) when flags come before the file."""
-    words = [str(first), *rest]
-    files = [w for w in words if not w.startswith("-")]
-    if not files:
-        from posbench.sweep.study import StudyError
-
-        raise StudyError("sweep needs STUDY.toml")
-    words.remove(files[0])
-    return Path(files[0]), words
 
 
 def wide_out():
@@ -121,7 +105,7 @@ def statuses(cells, root: Path, active=None) -> dict[str, str]:
     return found
 
 
-def make_executor(kind: str, study, root: Path, *, jobs, given: dict[str, str], dry_run: bool = False):
+def make_executor(kind: str, study, root: Path, *, jobs, given: dict[str, Any], dry_run: bool = False):
     """The executor, its options checked (``given``: the executor settings from the command line, by key); with
     ``dry_run`` a SLURM executor is only described (no sbatch needed)."""
     from posbench.sweep.slurm import slurm_options
