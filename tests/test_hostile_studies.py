@@ -160,20 +160,21 @@ def test_no_option_line_of_a_job_script_is_split():
 
 # ---- 5: the study tools start Python without the working directory on its path ------------------------------
 
-def test_publish_and_changes_start_compare_without_the_working_directory_on_the_path(tmp_path, monkeypatch):
+def test_publish_starts_compare_without_the_working_directory_on_the_path(tmp_path, monkeypatch):
     """compare is started as ``python -P -m posbench``: a ``posbench/`` (an older checkout, say) or an
-    ``fcntl.py`` where the script is run is not imported instead of the real one. The commands the scripts
-    build are run here with ``--help`` in place of compare's arguments, from such a folder."""
+    ``fcntl.py`` where the script is run is not imported instead of the real one. The command the script
+    builds is run here with ``--help`` in place of compare's arguments, from such a folder. changes.py starts
+    no process (its compare runs in its own, which imported the real posbench to start)."""
     started = []
 
     def record(argv, **_):
         started.append(argv)
         return subprocess.CompletedProcess(argv, 0, '{"tables": []}', "")
 
-    monkeypatch.setattr(publish.subprocess, "run", record)
-    monkeypatch.setattr(changes.subprocess, "run", record)
+    monkeypatch.setattr(subprocess, "run", record)
     publish.compare(tmp_path, "--format", "markdown")
-    changes.differences(tmp_path, "rope")
+    assert len(started) == 1
+    assert changes.differences(FIXTURE / publish.RUNS, "rope") and len(started) == 1
     here = tmp_path / "cwd"
     (here / "posbench").mkdir(parents=True)
     marker = tmp_path / "imported"
