@@ -77,16 +77,16 @@ def differences(runs: Path, baseline: str, comparison=None) -> dict[tuple[str, s
     baselines)."""
     from posbench import report
     from posbench.errors import UserError
+    from posbench.report.collect import check_baseline
 
     failed = f"posbench compare {runs} --against {baseline} failed"
     try:
         result = report.collect(runs, against=baseline, comparison=comparison)
+        if not result.tables:
+            raise ChangesError(f"{failed}: no finished runs under {runs}")
+        check_baseline(result, baseline, runs)                 # compare's own check, its own line
     except UserError as exc:
         raise ChangesError(f"{failed}: {exc}") from None
-    if not result.tables:
-        raise ChangesError(f"{failed}: no finished runs under {runs}")
-    if not any(row.encoding == baseline for table in result.tables for row in table.rows):
-        raise ChangesError(f"{failed}: no {baseline} run under {runs}")
     tables = json.loads(report.render_text(result, "json"))["tables"]
     return {(table["task"], d["label"], d["metric"]): d for table in tables for d in table["differences"]}
 

@@ -53,6 +53,7 @@ def compare(
     DIRECTORY: a results tree (any depth)."""
     from posbench import report as rep
     from posbench.files import file_in_the_way
+    from posbench.report.collect import check_baseline
     from posbench.runs.record import ResultError
 
     with user_errors():
@@ -80,10 +81,8 @@ def compare(
             skipped = f" ({len(result.problems)} unreadable, listed above)" if result.problems else ""
             show_problems(result.problems, result.warnings)
             raise ResultError(f"no finished runs{where} under {directory}{skipped}")
-        if against is not None and not any(r.encoding == against for t in result.tables for r in t.rows):
-            names = sorted({r.encoding for t in result.tables for r in t.rows})
-            raise ResultError(f"--against {against}: no {against} run under {directory}; encodings: "
-                              f"{', '.join(names)}")
+        if against is not None:
+            check_baseline(result, against, directory)
         figures_from = rep.collect(directory, task, by_run=by_run) if by_model and (plots or html) else result
         written = rep.plot(figures_from, plots, force=force) if plots is not None else []
         if fmt == "table":

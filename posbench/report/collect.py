@@ -41,3 +41,13 @@ def collect(root: Path | str, task: str | None = None, *, by_run: bool = False, 
         tables += by_length_tables(table)
     tables += [bench_table(run) for run in runs if run.bench is not None]
     return Report(tables, problems, unusable_values(runs) + comparison.said)
+
+
+def check_baseline(report: Report, against: str, root: Path | str) -> None:
+    """``--against NAME`` needs a row of NAME among the report's tables: one line (``ResultError``) naming the
+    encodings there are, otherwise."""
+    from posbench.runs.record import ResultError
+
+    if not any(row.encoding == against for table in report.tables for row in table.rows):
+        names = sorted({row.encoding for table in report.tables for row in table.rows})
+        raise ResultError(f"--against {against}: no {against} run under {root}; encodings: {', '.join(names)}")
