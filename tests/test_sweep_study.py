@@ -59,6 +59,22 @@ def test_a_study_expands_to_every_cell_seed_major_with_parents(tmp_path):
     validate(cells)
 
 
+def test_an_encodings_own_settings_reach_its_cells_only(tmp_path):
+    text = ('encodings = ["rope", "t5"]\ntasks = ["arithmetic"]\npresets = "tiny"\nset = ["train.log_every=5"]\n'
+            '[variants]\nbase = []\nlong = ["train.steps=40"]\n'
+            '[encoding.t5]\nset = ["encoding.table_init=x-transformers"]\n')
+    cells = {c.id: c for c in expand(study(tmp_path, text))}
+    # the encoding's settings come after the study's and the task's, before the variant's (which may override them)
+    assert cells["arithmetic-t5-tiny-long-s0"].sets == ("train.log_every=5", "encoding.table_init=x-transformers",
+                                                        "train.steps=40")
+    assert cells["arithmetic-rope-tiny-long-s0"].sets == ("train.log_every=5", "train.steps=40")
+    # a cell of another encoding is the same cell as in the study without the table (a rerun finds it finished)
+    plain = {c.id: c for c in expand(study(tmp_path, text.split("[encoding.t5]")[0], "plain.toml"))}
+    assert cells["arithmetic-rope-tiny-base-s0"].fingerprint() == plain["arithmetic-rope-tiny-base-s0"].fingerprint()
+    assert cells["arithmetic-t5-tiny-base-s0"].fingerprint() != plain["arithmetic-t5-tiny-base-s0"].fingerprint()
+    validate(list(cells.values()))
+
+
 def test_defaults_one_seed_the_task_default_preset_and_no_variant(tmp_path):
     cells = expand(study(tmp_path, 'encodings = "rope,tape"\ntasks = ["arithmetic"]\n'))
     preset = TASKS["arithmetic"].default_preset
@@ -74,7 +90,12 @@ def test_a_parent_of_another_preset_when_the_parent_task_has_only_one(tmp_path):
 
 
 @pytest.mark.parametrize("text, words", [
-    ('tasks = ["arithmetic"]\nencoding = ["rope"]\n', ["unknown key 'encoding'", "did you mean 'encodings'"]),
+    ('tasks = ["arithmetic"]\nencodingz = ["rope"]\n', ["unknown key 'encodingz'", "did you mean"]),
+    ('tasks = ["arithmetic"]\nencoding = ["rope"]\n', ["'encoding' must be a table", "did you mean 'encodings'"]),
+    ('encodings = ["rope"]\ntasks = ["arithmetic"]\n[encoding.t5]\nset = ["encoding.table_init=t5"]\n',
+     ["[encoding.t5] is not one of the study's encodings (rope)"]),
+    ('encodings = ["t5"]\ntasks = ["arithmetic"]\n[encoding.t5]\nsets = []\n', ["[encoding.t5]: unknown key 'sets'"]),
+    ('encodings = ["t5"]\ntasks = ["arithmetic"]\n[encoding.t5]\nset = [1]\n', ["[encoding.t5] set"]),
     ('encodings = ["rope"]\n', ["'tasks' is required"]),
     ('encodings = ["rope"]\ntasks = ["pretrain"]\n[task.perplexity]\ninit = "pretrain"\n',
      ["[task.perplexity] is not one of the study's tasks"]),
@@ -104,6 +125,8 @@ def test_study_mistakes_are_one_line(tmp_path, text, words):
     ('encodings = ["rope"]\ntasks = ["arithmetic"]\nset = ["train.stepz=3"]\n',
      ["cell arithmetic-rope-small-s0", "stepz"]),
     ('encodings = ["abacus"]\ntasks = ["pretrain"]\n', ["abacus"]),
+    ('encodings = ["t5"]\ntasks = ["arithmetic"]\n[encoding.t5]\nset = ["encoding.table_init=t6"]\n',
+     ["cell arithmetic-t5-small-s0", "table_init"]),
     ('encodings = ["rope", "alibi"]\ntasks = ["pretrain", "perplexity"]\n[task.pretrain]\nencodings = ["rope"]\n'
      '[task.perplexity]\ninit = "pretrain"\n', ["perplexity-alibi-small-s0 starts from task 'pretrain'",
                                                "no pretrain cell of encoding 'alibi'"]),
@@ -215,6 +238,7 @@ def test_the_study_file_in_the_docs_is_the_study_it_says(tmp_path):
     assert len(cells) == 48 and "48 cells" in page
     assert not [c for c in cells if c.task == "passkey" and c.encoding == "alibi"]
     assert {c.parent for c in cells if c.task == "passkey"} == {
-        f"pretrain-{e}-small-{v}-s{s}" for e in ("rope", "tape") for v in ("base", "lr=3e-4") for s in range(3)}
+        f"pretrain-{e}-small-{v}-s{s}" for e in ("rope", "t5") for v in ("base", "lr=3e-4") for s in range(3)}
     assert cells[0].id == "pretrain-rope-small-base-s0"
+    assert all(("encoding.table_init=x-transformers" in c.sets) == (c.encoding == "t5") for c in cells)
     validate(cells)

@@ -28,7 +28,7 @@ class Cell:
     preset: str
     seed: int
     variant: str                    # "" when the study has no variants
-    sets: tuple[str, ...]           # the study's, the task's, then the variant's --set
+    sets: tuple[str, ...]           # the study's, the task's, the encoding's, then the variant's --set
     device: str = "auto"
     parent: str | None = None       # the id of the cell whose run this one starts from (--init)
     expected_s: float | None = None  # the preset's expected time (seconds on its hardware), or None
@@ -64,8 +64,8 @@ def expand(study: Study) -> list[Cell]:
             preset = preset or task_cls.default_preset
             expected = (preset_of(task_cls, preset).get("expected") or {}).get("seconds")
             for variant, variant_sets in study.variants.items():
-                sets = (*study.sets, *axis.sets, *variant_sets)
                 for encoding in axis.encodings:       # the same for every seed: resolved once
+                    sets = (*study.sets, *axis.sets, *study.encoding_sets.get(encoding, ()), *variant_sets)
                     expected_s = scaled_expected(axis.name, encoding, preset, sets, expected)
                     for seed in study.seeds:
                         cell = Cell(axis.name, encoding, preset, seed, variant, sets, study.device,

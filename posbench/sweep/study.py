@@ -17,6 +17,9 @@
     init = "pretrain"                      # start from this encoding's pretrain cell (same seed, variant)
     set = ["task.eval_tokens=4096"]
 
+    [encoding.t5]                          # per encoding: settings of its cells only (optional)
+    set = ["encoding.table_init=x-transformers"]
+
     [slurm]                                # the SLURM executor's defaults (the command line overrides them)
     partition = "gpu"
     time = 120
@@ -42,8 +45,10 @@ from posbench.errors import ConfigError
 from posbench.options import declared, did_you_mean
 from posbench.sweep.text import control_character, shown_list
 
-TOP_KEYS = ("name", "encodings", "tasks", "seeds", "presets", "set", "variants", "task", "device", "slurm")
+TOP_KEYS = ("name", "encodings", "tasks", "seeds", "presets", "set", "variants", "task", "encoding", "device",
+            "slurm")
 TASK_KEYS = ("init", "set", "presets", "encodings")
+ENCODING_KEYS = ("set",)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=+-]*")      # the whole name: always ``NAME.fullmatch``
 #: bounds of what a study file may ask for: its size, its seeds (``posbench run --seeds`` stops at the same count;
 #: a seed is one of NumPy's, 0 .. 2**32 - 1, as ``posbench run --seed`` checks) and the cells of its plan
@@ -76,6 +81,7 @@ class Study:
     seeds: tuple[int, ...]
     variants: dict[str, tuple[str, ...]]   # {"": ()} when the study has none
     sets: tuple[str, ...] = ()
+    encoding_sets: dict[str, tuple[str, ...]] = field(default_factory=dict)   # [encoding.NAME] set, by encoding
     device: str = "auto"
     slurm: dict[str, Any] = field(default_factory=dict)
     text: str = ""                         # the file as read (copied into the output directory)
@@ -93,6 +99,9 @@ def read_study(path: Path | str) -> Study:
     where = path.name
     no_control_characters(raw, where)
     known(raw, TOP_KEYS, where)
+    if not isinstance(raw.get("encoding", {}), dict):
+        raise StudyError(f"{where}: 'encoding' must be a table ([encoding.NAME] set = [...]); did you mean "
+                         f"'encodings' (the study's encodings)?")
     encodings = names(raw.get("encodings"), f"{where}: encodings")
     task_names = names(raw.get("tasks"), f"{where}: tasks")
     if not task_names:
@@ -119,6 +128,7 @@ def read_study(path: Path | str) -> Study:
                               if "presets" in own else presets, tuple(task_encodings),
                               tuple(strings(own.get("set", []), f"{where}: [task.{name}] set")), init))
     check_no_cycle(tasks, where)
+    encoding_sets = per_encoding_sets(raw.get("encoding", {}), {e for t in tasks for e in t.encodings}, where)
     variants = {}
     for key, value in table(raw.get("variants", {}), f"{where}: [variants]").items():
         if not NAME.fullmatch(key):
@@ -140,7 +150,21 @@ def read_study(path: Path | str) -> Study:
         raise StudyError(f"{where}: {count:,} cells (tasks x presets x encodings x variants x seeds); a study plans "
                          f"at most {MAX_CELLS:,}: split it into several studies")
     return Study(name=name, path=path, tasks=tuple(tasks), seeds=tuple(seeds), variants=variants or {"": ()},
-                 sets=tuple(study_sets), device=device, slurm=slurm, text=text)
+                 sets=tuple(study_sets), encoding_sets=encoding_sets, device=device, slurm=slurm, text=text)
+
+
+def per_encoding_sets(raw: Any, encodings: set[str], where: str) -> dict[str, tuple[str, ...]]:
+    """``[encoding.NAME] set = [...]``: the settings of one encoding's cells (its own options, such as T5's
+    ``encoding.table_init``, which the other encodings of the study do not have), by encoding name."""
+    sets = {}
+    for name, own in raw.items():
+        if name not in encodings:
+            raise StudyError(f"{where}: [encoding.{name}] is not one of the study's encodings "
+                             f"({', '.join(sorted(encodings))})")
+        own = table(own, f"{where}: [encoding.{name}]")
+        known(own, ENCODING_KEYS, f"{where}: [encoding.{name}]")
+        sets[name] = tuple(strings(own.get("set", []), f"{where}: [encoding.{name}] set"))
+    return sets
 
 
 def read_text(path: Path) -> str:
