@@ -28,10 +28,12 @@ BATCH, LENGTH, PREFIX = 2, 12, 5
 PADS = 4            # the padding check's pads
 
 
-def check_encoding(name: str, *, compiled: bool = True, task: str | None = None, preset: str | None = None) -> Report:
+def check_encoding(name: str, *, compiled: bool = True, task: str | None = None, preset: str | None = None,
+                   sets: tuple[str, ...] = ()) -> Report:
     """Every check of the encoding contract on encoding ``name`` (``compiled=False``: all but the one-graph
     check, which traces two training steps with dynamo: about a second on a CPU), then whether each learned
-    position parameter can learn within ``task``'s ``preset`` budget (``posbench.checks.learnable``)."""
+    position parameter can learn within ``task``'s ``preset`` budget (``posbench.checks.learnable``), that run
+    configuration changed by ``sets`` (``--set``: the encoding's options, the budget, the model's shape)."""
     from posbench.encodings import ENCODINGS
 
     cls = ENCODINGS.get(name)
@@ -61,7 +63,7 @@ def check_encoding(name: str, *, compiled: bool = True, task: str | None = None,
         if compiled:
             report.run("one compiled graph for all layers", lambda: one_graph(model, x))
         report.guard("learned parameters measured within the budget", lambda: check_learnable(report, name, task,
-                                                                                               preset))
+                                                                                               preset, sets))
     finally:
         torch.set_num_threads(before)
     return report

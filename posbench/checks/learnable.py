@@ -87,10 +87,11 @@ def summed_lr(train: Any) -> float:
     return train.lr * sum(factor(step) for step in range(train.steps))
 
 
-def check_learnable(report: Report, name: str, task: str | None = None, preset: str | None = None) -> None:
+def check_learnable(report: Report, name: str, task: str | None = None, preset: str | None = None,
+                    sets: tuple[str, ...] = ()) -> None:
     """One check per learned parameter of encoding ``name`` (see the module docstring), within the budget of
     ``task``'s ``preset`` (default: perplexity, or the first task that gives what the encoding needs; the task's
-    default preset)."""
+    default preset), with ``sets`` (``--set``) applied to that run configuration as ``posbench run`` applies them."""
     from posbench.encodings import ENCODINGS
     from posbench.model import Transformer
     from posbench.runs.config import resolve_run_config
@@ -99,7 +100,7 @@ def check_learnable(report: Report, name: str, task: str | None = None, preset: 
 
     cls = ENCODINGS.get(name)
     task = task or default_task(cls)
-    config = resolve_run_config(task, name, preset)
+    config = resolve_run_config(task, name, preset, sets=list(sets))
     train = config.training
     shape = TASKS[task](config).model_config()          # the preset's model, as the task builds it
     shape.attention = "eager"
@@ -116,7 +117,7 @@ def check_learnable(report: Report, name: str, task: str | None = None, preset: 
     length = model.config.max_seq_len
     tokens = torch.randint(0, shape.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
     groups = {id(p): group for group in make_optimizer(model, train).param_groups for p in group["params"]}
-    budget = f"{task} preset '{config.preset}': {train.steps} steps"
+    budget = f"{task} preset '{config.preset}'{' with ' + ', '.join(sets) if sets else ''}: {train.steps} steps"
     factor = summed_lr(train) / train.lr if train.lr else 0.0
     trainable = {n: p for n, p in params.items() if p.requires_grad}
     moved = moved_parameters(params, gradients(model, trainable, tokens),

@@ -15,6 +15,8 @@ CHECK_EPILOG = """[bold]Examples[/bold]
 
   posbench check t5 -t passkey -p study       (can its learned bias learn within that preset's budget?)
 
+  posbench check t5 --set encoding.table_init=t5   (... with T5's own init: --set changes the budget's run)
+
   posbench --plugins my_tasks check copy      (a task: options, presets, stream, a short run)
 
   posbench check scrolls --set task.data=tests/fixtures/scrolls --set task.datasets=qasper
@@ -46,7 +48,7 @@ def check(names: list[str], compiled: bool = typer.Option(True, "--compiled/--no
                 raise error
         for name in wanted:
             if name in ENCODINGS:
-                report = check_encoding(name, compiled=compiled, task=task, preset=preset)
+                report = check_encoding(name, compiled=compiled, task=task, preset=preset, sets=tuple(sets))
             else:
                 report = check_task(name, encoding=encoding or "rope", sets=tuple(sets))
             for check_result, line in zip(report.checks, report.lines()):
