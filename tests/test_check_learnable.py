@@ -154,7 +154,8 @@ def test_a_gain_is_judged_by_its_relative_change(removed):
 @pytest.mark.slow
 def test_builtin_learned_parameters_are_not_gains_and_pass():
     """KERPLE's pair and T5's tables move in ways that are not a multiple of what they do: judged by reach, as
-    before, and they pass in the quick start's budget."""
-    for name in ("kerple", "t5"):
-        checks = learns(name, "small")
+    before. KERPLE passes in the quick start's budget; T5's tables, unscaled as T5 releases them, pass in the
+    study's (2 x 0.99 logits) and not in the quick start's (2 x 0.33: test_checks)."""
+    for name, preset in (("kerple", "small"), ("t5", "study")):
+        checks = learns(name, preset)
         assert checks and all(c.passed and "a gain" not in c.detail for c in checks), [c.detail for c in checks]

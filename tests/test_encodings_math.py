@@ -86,15 +86,18 @@ def test_t5_bucket_every_distance_and_future_keys():
         [t5_bucket_by_hand(x, 32, 128) for x in range(200)]
 
 
-def test_t5_bias_reads_the_layer_table():
-    t5 = build("t5", n_layers=2)
+@pytest.mark.parametrize("table_init, scale", [("t5", lambda d: 1.0), ("x-transformers", math.sqrt)])
+def test_t5_bias_reads_the_layer_table(table_init, scale):
+    """The bias is the table entry of the distance's bucket times the release's scale: 1 for T5's own (the
+    default), sqrt(head dim) for x-transformers'."""
+    t5 = build("t5", n_layers=2, table_init=table_init)
     q_pos, k_pos = torch.tensor([[40, 200]]), torch.tensor([[0, 5, 40]])
     for layer in range(2):
         bias = bias_tensor(t5, layer, q_pos, k_pos)
         table = t5.tables[layer].weight
         for a, i in enumerate([40, 200]):
             for b, j in enumerate([0, 5, 40]):
-                expected = table[t5_bucket_by_hand(max(i - j, 0))] * t5.head_dim ** 0.5   # x-transformers' scale
+                expected = table[t5_bucket_by_hand(max(i - j, 0))] * scale(HEAD_DIM)
                 torch.testing.assert_close(bias[0, :, a, b], expected, rtol=1e-6, atol=1e-6)
 
 

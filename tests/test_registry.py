@@ -185,8 +185,10 @@ def test_resolved_options_are_recorded_in_the_config():
     assert tape.config.encoding_options["gate"] == "rowsum"
     assert tape.config.to_dict()["encoding_options"] == tape.encoding.options
     t5 = Transformer(small_config("t5", num_buckets="32"))  # strings from a command line are coerced
-    assert t5.config.encoding_options == {"num_buckets": 32, "max_distance": 128, "table_init": "x-transformers",
-                                         "scale": 8 ** 0.5}  # sqrt(head dim)
+    assert t5.config.encoding_options == {"num_buckets": 32, "max_distance": 128, "table_init": "t5",
+                                         "scale": 1.0}  # T5's own: unscaled
+    t5 = Transformer(small_config("t5", table_init="x-transformers"))
+    assert t5.config.encoding_options["scale"] == 8 ** 0.5                      # sqrt(head dim)
     randpe = Transformer(small_config("randpe", per_layer="true"))
     assert randpe.config.encoding_options["per_layer"] is True
 

@@ -75,8 +75,21 @@ def test_these_encodings_learn_nothing(encoding):
     assert list(model(encoding, layers=2).encoding.parameters()) == []
 
 
+def test_t5_by_default_as_t5s_own_release_a_small_normal_table_unscaled():
+    m = model("t5")                                                     # d_model 128: std 128^-1/2
+    assert_normal(pooled(m, r"tables\.\d+\.weight"), 128 ** -0.5)
+    assert m.encoding.scale.item() == 1.0 and m.config.encoding_options["scale"] == 1.0
+    assert m.config.encoding_options["table_init"] == "t5"
+    # the bias a score reads is the entry of its distance's bucket, computed here from the definition
+    distance = torch.arange(300)
+    bucket = causal_bucket(distance.clamp(max=128), 64, 128)
+    bias = m.encoding.bias(2, None, None, None, distance[None, :], torch.zeros(1, 1, dtype=torch.long))
+    got = bias.materialise(4, distance[None, :], torch.zeros(1, 1, dtype=torch.long))[0, :, :, 0]   # [H, Nq]
+    torch.testing.assert_close(got, m.encoding.tables[2].weight[bucket].T, rtol=1e-6, atol=1e-6)
+
+
 def test_t5_as_x_transformers_a_unit_normal_table_times_sqrt_head_dim():
-    m = model("t5")                                                     # head dim 32
+    m = model("t5", table_init="x-transformers")                        # head dim 32
     assert_normal(pooled(m, r"tables\.\d+\.weight"), 1.0)               # nn.Embedding's own N(0, 1): 16 x 64 x 4
     assert m.encoding.scale.item() == pytest.approx(math.sqrt(32), rel=1e-7)
     assert m.config.encoding_options["scale"] == pytest.approx(math.sqrt(32))
@@ -90,12 +103,12 @@ def test_t5_as_x_transformers_a_unit_normal_table_times_sqrt_head_dim():
 
 
 def test_a_t5_checkpoint_saved_before_its_scale_existed_loads_with_scale_one():
-    m = model("t5", layers=2)
+    m = model("t5", layers=2, table_init="x-transformers")         # scale sqrt(32): the checkpoint's own
     old = {k: v for k, v in m.state_dict().items() if k != "encoding.scale"}
-    fresh = model("t5", layers=2, seed=1)
+    fresh = model("t5", layers=2, seed=1, table_init="x-transformers")
     fresh.load_state_dict(old)
     assert fresh.encoding.scale.item() == 1.0 and fresh.encoding.options["scale"] == 1.0
-    newer = model("t5", layers=2, seed=1)
+    newer = model("t5", layers=2, seed=1)                                # T5's own init: scale 1 until loaded
     newer.load_state_dict(m.state_dict())
     assert newer.encoding.scale.item() == pytest.approx(math.sqrt(32), rel=1e-7)
 
@@ -164,7 +177,7 @@ def test_a_t5_run_saved_before_its_scale_existed_exports_with_scale_one(tmp_path
     from posbench.hf.export import _load_into
     from posbench.hf.modeling import PosbenchConfig, PosbenchForCausalLM
 
-    m = model("t5", layers=2)
+    m = model("t5", layers=2, table_init="x-transformers")         # a model of scale sqrt(32)
     old = {f"model.{k}": v for k, v in m.state_dict().items() if k != "encoding.scale"}
     with torch.device("meta"):
         hf = PosbenchForCausalLM(PosbenchConfig.from_model_config(m.config))

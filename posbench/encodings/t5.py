@@ -6,16 +6,22 @@ config (T5 itself used 32 buckets); one table per layer.
 
 Initialisation and scale, option ``table_init``, each as a release has it:
 
-- ``x-transformers`` (the default; lucidrains/x-transformers, ``RelativePositionBias``): the table keeps
-  ``nn.Embedding``'s own N(0, 1) init and the bias is the table entry times ``scale`` = sqrt(head dim), added to
-  logits already scaled by 1 / sqrt(head dim). So a fresh model's bias has a standard deviation of sqrt(D) logits
-  (5.7 at D = 32), and Adam, which moves an entry by about the learning rate per step, moves the bias sqrt(D) times
-  as far: the bias can grow within a short budget. A bucket that training never reaches keeps its draw: in
-  arithmetic, trained on distances up to 17, distances 18-33 read exact buckets that hold about +-sqrt(D) logits
-  of noise at evaluation.
-- ``t5`` (T5's own release, as the Hugging Face port ``T5PreTrainedModel._init_weights`` draws
-  ``relative_attention_bias``): N(0, d_model^-1/2), no scale. An unreached bucket stays near zero; the bias moves
-  about the learning rate per step, so it grows slowly.
+- ``t5`` (the default: T5's own release, as the Hugging Face port ``T5PreTrainedModel._init_weights`` draws
+  ``relative_attention_bias``): N(0, d_model^-1/2), no scale. A fresh model's bias is near zero (0.09 logits at
+  d_model 128), so no distance starts with a random preference and a bucket training never reaches stays near
+  zero; Adam moves an entry by about the learning rate per step, so the bias grows by about the summed learning
+  rate over a run (0.33 at the perplexity ``small`` preset, 1.0 at ``study``).
+- ``x-transformers`` (lucidrains/x-transformers, ``RelativePositionBias``): the table keeps ``nn.Embedding``'s
+  own N(0, 1) init and the bias is the table entry times ``scale`` = sqrt(head dim), added to logits already
+  scaled by 1 / sqrt(head dim). So a fresh model's bias has a standard deviation of sqrt(D) logits (5.7 at
+  D = 32), and Adam moves the bias sqrt(D) times as far per step as under ``t5``: the bias can grow large within
+  a short budget, but the init's draw must be unlearned first, which takes a summed learning rate of about 1:
+  at the perplexity ``small`` preset (0.33) the draw still ranks the run. A bucket that training never reaches
+  keeps its draw: in arithmetic, trained on distances up to 17, distances 18-33 read exact buckets that hold
+  about +-sqrt(D) logits of noise at evaluation.
+
+docs/studies/protocols.md ("T5's two inits by budget") measures both, and T5's init read through x-transformers'
+scale (``table_init=t5`` with ``scale`` = sqrt(D), which no release pairs), at 300 and 900 steps.
 
 (The TAPE reference draws the table from its model-wide N(0, 0.02) and has no scale; posbench did too before,
 which left the bias near 0.1 logits for a whole 300-step run.) ``scale`` is kept in the state dict: a checkpoint
@@ -61,9 +67,9 @@ class T5Bias(PositionalEncoding):
     OPTIONS = {
         "num_buckets": Option(64, "distance buckets: the first half exact, the rest log-spaced", at_least(2)),
         "max_distance": Option(128, "where the log-spaced buckets end (> num_buckets / 2)", at_least(2)),
-        "table_init": Option("x-transformers", "the table's init and scale as a release has it: x-transformers "
-                             "(N(0, 1), times sqrt(head dim)) or t5 (N(0, d_model^-1/2), times 1)",
-                             OneOf(("x-transformers", "t5")), added=Added(2, "x-transformers")),
+        "table_init": Option("t5", "the table's init and scale as a release has it: t5 (T5's own: "
+                             "N(0, d_model^-1/2), times 1) or x-transformers (N(0, 1), times sqrt(head dim))",
+                             OneOf(("t5", "x-transformers")), added=Added(2, "x-transformers")),
         "scale": Option(0.0, "the bias is the table entry times this (0: as table_init says)", Bound(low=0)),
     }
 
