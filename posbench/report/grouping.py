@@ -94,8 +94,10 @@ def distinguishing(comparison: Comparison,
                    groups: list[list[RunRecord]]) -> tuple[list[dict[str, Any]], list[str]]:
     """For each group, the settings that set it apart from the other groups of the table, and the names of
     all settings that differ between groups. Encoding options count only between groups of one encoding."""
-    # version 1 is implied where unrecorded
-    flats = [{"task_version": 1, **settings(comparison, g[0])} for g in groups]
+    # version 1 is implied where unrecorded, and a setting added later holds the value earlier runs had where it
+    # is not counted (a record without it, or with that value): say that value rather than "-"
+    held = {name: since.before for name, since in comparison.facts.added.items()}
+    flats = [{"task_version": 1, **held, **settings(comparison, g[0])} for g in groups]
     encodings = [str(g[0].encoding) for g in groups]
     keys = sorted({k for f in flats for k in f})
     varying = [k for k in keys if not k.startswith("encoding.")
