@@ -86,20 +86,21 @@ def test_a_position_parameter_that_cannot_learn_within_the_budget_fails(capsys):
 
 def test_set_reaches_the_learned_parameter_check(capsys):
     """``posbench check ENCODING --set ...`` measures the budget's run as changed (it was ignored: the check ran at
-    the defaults). T5 with T5's own init (scale 1): reach 2 x the summed lr, 0.66 logits at the perplexity small
-    preset (< 1: fails) and 1.97 at the study preset's 900 steps (computed here from the schedule: 5% warmup, then
-    linear decay to 0.1)."""
+    the defaults). T5 at its default, T5's own init (scale 1): reach 2 x the summed lr, 0.66 logits in the perplexity
+    small preset's 300 steps (< 1: fails) and 1.97 with ``--set train.steps=900`` (computed here from the schedule:
+    5% warmup, then linear decay to 0.1)."""
     def reach(steps):
         warm = round(0.05 * steps)
         return 2 * 2e-3 * (sum((s + 1) / warm for s in range(warm))
                            + sum(0.1 + 0.9 * (steps - s) / (steps - warm) for s in range(warm, steps)))
-    assert main(["check", "t5", "--no-compiled", "--set", "encoding.table_init=t5"]) == 1     # the default
+    assert main(["check", "t5", "--no-compiled"]) == 1
     out, err = capsys.readouterr()
     failed = [line for line in err.splitlines() if ": learns tables." in line]
-    assert len(failed) == 4 and all("preset 'small' with encoding.table_init=t5: 300 steps" in line for line in failed)
+    assert len(failed) == 4 and all("preset 'small': 300 steps" in line for line in failed)
     assert all(f"by at most {reach(300):.3g} logits (< 1)" in line for line in failed), failed
-    assert main(["check", "t5", "--no-compiled", "-p", "study", "--set", "encoding.table_init=t5"]) == 0
+    assert main(["check", "t5", "--no-compiled", "--set", "train.steps=900"]) == 0
     out, _ = capsys.readouterr()
+    assert out.count("preset 'small' with train.steps=900: 900 steps") == 4, out
     assert out.count(f"reach {reach(900):.3g}") == 4, out
 
 

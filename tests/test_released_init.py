@@ -111,6 +111,23 @@ def test_a_t5_checkpoint_saved_before_its_scale_existed_loads_with_scale_one():
     newer = model("t5", layers=2, seed=1)                                # T5's own init: scale 1 until loaded
     newer.load_state_dict(m.state_dict())
     assert newer.encoding.scale.item() == pytest.approx(math.sqrt(32), rel=1e-7)
+    assert newer.encoding.options["scale"] == pytest.approx(math.sqrt(32))  # the record says the scale it reads
+
+
+def test_a_t5_record_from_before_table_init_reads_as_the_init_it_had():
+    """A run recorded before ``table_init`` existed trained x-transformers' table (its ``Added.before``), not
+    today's default: resumed or read, its config says so; a record that names its init keeps it, and an encoding
+    that declares a name without ``added`` (DAPE's ``fire_init_l``) gets nothing filled in."""
+    from posbench.runs.config import RunConfig
+
+    old = {"task": "perplexity", "preset": "study", "encoding": "t5",
+           "encoding_options": {"num_buckets": 64, "max_distance": 128, "scale": 0.0}}
+    assert RunConfig.from_dict(old, earlier_values=True).encoding_options["table_init"] == "x-transformers"
+    assert "table_init" not in RunConfig.from_dict(old).encoding_options          # as written, for compare
+    named = {**old, "encoding_options": {**old["encoding_options"], "table_init": "t5"}}
+    assert RunConfig.from_dict(named, earlier_values=True).encoding_options["table_init"] == "t5"
+    dape = {"task": "perplexity", "preset": "study", "encoding": "dape", "encoding_options": {"base": "alibi"}}
+    assert RunConfig.from_dict(dape, earlier_values=True).encoding_options == {"base": "alibi"}
 
 
 def test_fire_as_released_pytorch_linear_init_and_half_the_training_length():

@@ -90,3 +90,14 @@ def test_a_new_declaration_added_later_pools_old_and_new_runs(tmp_path, quiet_en
     (table,) = report.collect(tmp_path).tables
     # the pooled row (a record without gain, one at the value those runs had) says that value, not "-"
     assert sorted(r.label for r in table.rows) == ["test-quiet [encoding.gain=1]", "test-quiet [encoding.gain=2]"]
+
+
+def test_an_earlier_value_is_the_rows_own_encodings(tmp_path):
+    """Abacus declares ``fire_init_l`` added (earlier value 0); DAPE declares the same name without that mark (its
+    default 64, never 0). A DAPE record without the key is labelled "-", not Abacus's 0."""
+    assert declared_facts().added["encoding.fire_init_l"].before == 0.0
+    make_run(tmp_path, "arithmetic", "dape", 0, {"accuracy": 40.0}, encoding_options={"base": "alibi"})
+    make_run(tmp_path, "arithmetic", "dape", 1, {"accuracy": 44.0}, encoding_options={"base": "alibi",
+                                                                                      "fire_init_l": 32.0})
+    (table,) = report.collect(tmp_path).tables
+    assert sorted(r.label for r in table.rows) == ["dape [encoding.fire_init_l=-]", "dape [encoding.fire_init_l=32]"]

@@ -1,6 +1,6 @@
 """studies/protocols/t5_tables.py, the study tool that reads what T5's tables learned against the draw they started
 from: the start it rebuilds is the run's own (a run whose learning rate is 1e-9 ends where it started, to the
-printed 3 decimals; a wrong seed or model would differ by the init's spread, 0.09 to 4 logits here), each init's
+printed 3 decimals; a wrong seed or model would differ by the init's spread, 0.18 to 4 logits here), each init's
 scale and spread are as its release draws them, and a run it cannot read is one line, exit code 2."""
 
 from __future__ import annotations
@@ -46,6 +46,26 @@ def test_the_start_is_the_runs_own_init_and_each_release_reads_as_drawn(tmp_path
     # x-transformers: N(0, 1) x sqrt(head dim 16) = 4 logits
     assert (third[1], third[2]) == ("x-transformers", "4") and abs(float(third[3]) - 4.0) < 5 * 4 / (2 * 255) ** 0.5
     assert third[-1] == "0.000 / 0.000"
+
+
+def test_a_run_recorded_before_table_init_existed_is_read_as_the_init_it_had(tmp_path, capsys):
+    """Its records lack table_init; it drew x-transformers' table (the option's earlier value), which the rebuilt
+    start must be, not T5's own (today's default): nothing moved, and a 4-logit spread."""
+    import json
+
+    old = run(tmp_path, "train.lr=1e-9", "encoding.table_init=x-transformers")
+    for path, keys in ((old / "config.json", ("config", "encoding_options")),
+                       (old / "checkpoint" / "model_config.json", ("encoding_options",))):
+        data = json.loads(path.read_text())
+        section = data
+        for key in keys:
+            section = section[key]
+        del section["table_init"]
+        path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert t5_tables.main([str(old)]) == 0
+    row = cells(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row[1:3] == ["x-transformers", "4"] and row[-1] == "0.000 / 0.000", row
 
 
 @pytest.mark.parametrize("encoding", ["rope", None])

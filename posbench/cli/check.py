@@ -15,7 +15,7 @@ CHECK_EPILOG = """[bold]Examples[/bold]
 
   posbench check t5 -t passkey -p study       (can its learned bias learn within that preset's budget?)
 
-  posbench check t5 --set encoding.table_init=t5   (... with T5's own init: --set changes the budget's run)
+  posbench check t5 --set encoding.table_init=x-transformers   (... with that init: --set changes the budget's run)
 
   posbench --plugins my_tasks check copy      (a task: options, presets, stream, a short run)
 

@@ -83,7 +83,7 @@ def resume_run(run_dir, *, others: bool, dry_run: bool, device: str, reporter):
         from posbench.runs.config import RunConfig
         from posbench.runs.store import read_config
 
-        show_configs([RunConfig.from_dict(read_config(run_dir)["config"])])
+        show_configs([RunConfig.from_dict(read_config(run_dir)["config"], earlier_values=True)])
         if (Path(run_dir) / "result.json").exists():
             err().print(f"{run_dir} has finished: --resume would refuse it", markup=False)
         return None

@@ -15,8 +15,8 @@ Initialisation and scale, option ``table_init``, each as a release has it:
   own N(0, 1) init and the bias is the table entry times ``scale`` = sqrt(head dim), added to logits already
   scaled by 1 / sqrt(head dim). So a fresh model's bias has a standard deviation of sqrt(D) logits (5.7 at
   D = 32), and Adam moves the bias sqrt(D) times as far per step as under ``t5``: the bias can grow large within
-  a short budget, but the init's draw must be unlearned first, which takes a summed learning rate of about 1:
-  at the perplexity ``small`` preset (0.33) the draw still ranks the run. A bucket that training never reaches
+  a short budget, but the init's draw must be unlearned first: at the perplexity ``small`` preset (300 steps)
+  the trained tables are still their draw and the draw ranks the run. A bucket that training never reaches
   keeps its draw: in arithmetic, trained on distances up to 17, distances 18-33 read exact buckets that hold
   about +-sqrt(D) logits of noise at evaluation.
 
@@ -97,10 +97,12 @@ class T5Bias(PositionalEncoding):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        """A checkpoint from before ``scale`` existed was trained without one: it loads with scale 1."""
+        """A checkpoint from before ``scale`` existed was trained without one: it loads with scale 1. A checkpoint
+        keeps the scale it was trained with (an x-transformers table loaded into a model configured with T5's
+        own, by ``--init``), and the options record the scale that is read."""
         if prefix + "scale" not in state_dict:
             state_dict = {**state_dict, prefix + "scale": torch.tensor(1.0)}
-            self.options["scale"] = 1.0
+        self.options["scale"] = float(state_dict[prefix + "scale"])
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 

@@ -96,8 +96,7 @@ def distinguishing(comparison: Comparison,
     all settings that differ between groups. Encoding options count only between groups of one encoding."""
     # version 1 is implied where unrecorded, and a setting added later holds the value earlier runs had where it
     # is not counted (a record without it, or with that value): say that value rather than "-"
-    held = {name: since.before for name, since in comparison.facts.added.items()}
-    flats = [{"task_version": 1, **held, **settings(comparison, g[0])} for g in groups]
+    flats = [{"task_version": 1, **held(comparison, g[0]), **settings(comparison, g[0])} for g in groups]
     encodings = [str(g[0].encoding) for g in groups]
     keys = sorted({k for f in flats for k in f})
     varying = [k for k in keys if not k.startswith("encoding.")
@@ -110,6 +109,20 @@ def distinguishing(comparison: Comparison,
         apart.append({k: flat.get(k, "-") for k in [*varying, *own]})
     differing = varying + sorted({k for a in apart for k in a if k.startswith("encoding.")})
     return apart, differing
+
+
+def held(comparison: Comparison, run: RunRecord) -> dict[str, Any]:
+    """The earlier values of the settings added later, for ``run``'s row: an encoding's options from its own
+    class (two encodings may declare one name, only one of them as added), the other sections' from every
+    declaration."""
+    from posbench.options import declared
+    from posbench.registry import ENCODINGS
+
+    values = {name: since.before for name, since in comparison.facts.added.items() if not name.startswith("encoding.")}
+    if run.encoding in ENCODINGS:
+        values.update({f"encoding.{key}": option.added.before for key, option in declared(ENCODINGS[run.encoding]).items()
+                       if getattr(option, "added", None) is not None})
+    return values
 
 
 def versions_note(task: str, runs: list[RunRecord]) -> str | None:

@@ -82,8 +82,11 @@ class RunConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        """A recorded config (this version's, or an older one's) without opening any other file."""
+    def from_dict(cls, data: dict[str, Any], *, earlier_values: bool = False) -> RunConfig:
+        """A recorded config (this version's, or an older one's) without opening any other file.
+        ``earlier_values``: fill in the settings added after it was written at the values it ran with
+        (``with_earlier_values``), for running it again (``--resume``); compare reads records as written (its
+        grouping knows those values itself)."""
         missing = {"task", "preset"} - set(data)
         if missing:
             raise ConfigError(f"run config lacks {', '.join(sorted(missing))}")
@@ -96,6 +99,8 @@ class RunConfig:
             values["source"] = InitSource.from_dict(values["source"])
         values.setdefault("encoding", None)
         values["task_version"] = values.get("task_version") or 1      # written before tasks had versions: 1
+        if earlier_values:
+            with_earlier_values(values)
         return cls(**values)
 
     def section(self, name: str) -> dict[str, Any]:
@@ -108,6 +113,31 @@ class RunConfig:
         this one): ``resolve_run_config`` sets the one it checked; a recorded config (``--resume``) builds it when
         first asked."""
         return train_config(self.train)
+
+
+def with_earlier_values(values: dict[str, Any]) -> None:
+    """A recorded section written before one of its settings existed lacks it, and that run had the setting's
+    earlier value (``Added.before``), not today's default (T5's ``table_init``: x-transformers' before issue 47,
+    T5's own since): fill it in, from the declarations of the record's own classes (an encoding's options are its
+    own: two encodings may declare one name differently). A section the record does not hold stays empty."""
+    from posbench.model.config import ModelConfig
+    from posbench.options import declared
+    from posbench.registry import ENCODINGS
+    from posbench.tasks import TASKS
+    from posbench.train.config import TrainConfig
+
+    encoding, task = values.get("encoding"), values.get("task")
+    owners = {"model": ModelConfig, "train": TrainConfig,
+              "encoding_options": ENCODINGS[encoding] if encoding in ENCODINGS else None,
+              "task_options": TASKS[task] if task in TASKS else None}
+    for key, owner in owners.items():
+        section = values.get(key)
+        if owner is None or not isinstance(section, dict) or not section:
+            continue
+        section = values[key] = dict(section)              # the record as read stays as it was
+        for name, option in declared(owner).items():
+            if getattr(option, "added", None) is not None and name not in section:
+                section[name] = option.added.before
 
 
 def train_config(values: dict[str, Any]) -> Any:

@@ -228,7 +228,7 @@ def resume(run_dir: Path | str, *, device: str | None = None, reporter: Any = No
             raise ResultError(f"{run_dir} has already finished (result.json exists); start a new run instead")
         stored = read_config(run_dir)
         try:
-            config = RunConfig.from_dict(stored["config"])
+            config = RunConfig.from_dict(stored["config"], earlier_values=True)
         except TypeError as exc:
             raise ResultError(f"{run_dir / 'config.json'} is not a posbench run config ({exc})") from None
         for field in ("task", "label"):

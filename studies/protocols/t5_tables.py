@@ -36,8 +36,13 @@ def tables(run: Path) -> tuple[torch.Tensor, torch.Tensor, dict]:
     from posbench.model.config import current_names
     from posbench.train.seeds import seed_everything
 
+    from posbench.runs.config import RunConfig
+
     config = json.loads((run / "config.json").read_text())["config"]
     model_config = current_names(json.loads((run / "checkpoint" / "model_config.json").read_text()))
+    # a run recorded before an option existed had its earlier value (T5's table_init: x-transformers'), not today's
+    recorded = RunConfig.from_dict(config, earlier_values=True).encoding_options
+    model_config["encoding_options"] = {**recorded, **model_config.get("encoding_options", {})}
     if model_config.get("encoding") != "t5":
         raise ValueError(f"{run} is a run of '{model_config.get('encoding')}', not t5")
     seed_everything(config["seed"])
