@@ -96,7 +96,7 @@ def distinguishing(comparison: Comparison,
     all settings that differ between groups. Encoding options count only between groups of one encoding."""
     # version 1 is implied where unrecorded, and a setting added later holds the value earlier runs had where it
     # is not counted (a record without it, or with that value): say that value rather than "-"
-    flats = [{"task_version": 1, **held(comparison, g[0]), **settings(comparison, g[0])} for g in groups]
+    flats = [{"task_version": 1, **held(g[0]), **settings(comparison, g[0])} for g in groups]
     encodings = [str(g[0].encoding) for g in groups]
     keys = sorted({k for f in flats for k in f})
     varying = [k for k in keys if not k.startswith("encoding.")
@@ -111,18 +111,12 @@ def distinguishing(comparison: Comparison,
     return apart, differing
 
 
-def held(comparison: Comparison, run: RunRecord) -> dict[str, Any]:
-    """The earlier values of the settings added later, for ``run``'s row: an encoding's options from its own
-    class (two encodings may declare one name, only one of them as added), the other sections' from every
-    declaration."""
-    from posbench.options import declared
-    from posbench.registry import ENCODINGS
+def held(run: RunRecord) -> dict[str, Any]:
+    """The earlier values of the settings added later (``runs.config.earlier_values``), flat, for ``run``'s row."""
+    from posbench.runs.config import earlier_values
 
-    values = {name: since.before for name, since in comparison.facts.added.items() if not name.startswith("encoding.")}
-    if run.encoding in ENCODINGS:
-        values.update({f"encoding.{key}": option.added.before for key, option in declared(ENCODINGS[run.encoding]).items()
-                       if getattr(option, "added", None) is not None})
-    return values
+    return {f"{section}.{key}": value for section, values in earlier_values(run.encoding, run.task).items()
+            for key, value in values.items()}
 
 
 def versions_note(task: str, runs: list[RunRecord]) -> str | None:

@@ -115,29 +115,40 @@ class RunConfig:
         return train_config(self.train)
 
 
-def with_earlier_values(values: dict[str, Any]) -> None:
-    """A recorded section written before one of its settings existed lacks it, and that run had the setting's
-    earlier value (``Added.before``), not today's default (T5's ``table_init``: x-transformers' before issue 47,
-    T5's own since): fill it in, from the declarations of the record's own classes (an encoding's options are its
-    own: two encodings may declare one name differently). A section the record does not hold stays empty."""
+def earlier_values(encoding: str | None, task: str | None) -> dict[str, dict[str, Any]]:
+    """By section (``model``, ``train``, ``encoding``, ``task``): the settings added after runs were recorded
+    without them, each at the value those runs had (``Added.before``; T5's ``table_init``: x-transformers' before
+    issue 47, T5's own since), from the declarations of a record's own classes: its encoding's options are its own
+    (two encodings may declare one name, only one of them as added), and so are its task's."""
     from posbench.model.config import ModelConfig
     from posbench.options import declared
     from posbench.registry import ENCODINGS
     from posbench.tasks import TASKS
     from posbench.train.config import TrainConfig
 
-    encoding, task = values.get("encoding"), values.get("task")
     owners = {"model": ModelConfig, "train": TrainConfig,
-              "encoding_options": ENCODINGS[encoding] if encoding in ENCODINGS else None,
-              "task_options": TASKS[task] if task in TASKS else None}
-    for key, owner in owners.items():
-        section = values.get(key)
-        if owner is None or not isinstance(section, dict) or not section:
+              "encoding": ENCODINGS[encoding] if encoding in ENCODINGS else None,
+              "task": TASKS[task] if task in TASKS else None}
+    return {section: {name: option.added.before for name, option in declared(owner).items()
+                      if getattr(option, "added", None) is not None}
+            for section, owner in owners.items() if owner is not None}
+
+
+#: where each section of settings lies in a recorded config
+RECORDED_SECTIONS = {"model": "model", "train": "train", "encoding": "encoding_options", "task": "task_options"}
+
+
+def with_earlier_values(values: dict[str, Any]) -> None:
+    """A recorded section written before one of its settings existed lacks it, and that run had the setting's
+    earlier value (``earlier_values``), not today's default: fill it in. A section the record does not hold stays
+    empty."""
+    for section, earlier in earlier_values(values.get("encoding"), values.get("task")).items():
+        key = RECORDED_SECTIONS[section]
+        recorded = values.get(key)
+        if not isinstance(recorded, dict) or not recorded:
             continue
-        section = values[key] = dict(section)              # the record as read stays as it was
-        for name, option in declared(owner).items():
-            if getattr(option, "added", None) is not None and name not in section:
-                section[name] = option.added.before
+        # a new dict (the record as read stays as it was), its own keys first, in their order
+        values[key] = {**recorded, **{name: value for name, value in earlier.items() if name not in recorded}}
 
 
 def train_config(values: dict[str, Any]) -> Any:

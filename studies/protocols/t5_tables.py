@@ -34,9 +34,8 @@ def tables(run: Path) -> tuple[torch.Tensor, torch.Tensor, dict]:
 
     from posbench.model import ModelConfig, Transformer
     from posbench.model.config import current_names
-    from posbench.train.seeds import seed_everything
-
     from posbench.runs.config import RunConfig
+    from posbench.train.seeds import seed_everything
 
     config = json.loads((run / "config.json").read_text())["config"]
     model_config = current_names(json.loads((run / "checkpoint" / "model_config.json").read_text()))
