@@ -15,6 +15,9 @@ Perplexity is ``exp(sum of token negative log-likelihoods / number of scored tok
 float64; the number of scored tokens is returned with it. A mean beyond float64's range of ``exp`` (about
 709 nats: a diverged model) gives ``inf``, recorded as the JSON number ``1e999`` (read back as ``inf``) next to
 its finite ``mean_nll``.
+
+The same forward passes give the loss by token position (``posbench.evaluation.positions``: summed NLL and
+counts in log-spaced position buckets), recorded with each result as ``by_position``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posbench.evaluation.outcome import finite
+from posbench.evaluation.positions import PositionLoss, accumulate, bucket_index
 from posbench.train import distributed
 
 PROTOCOLS = ("chunks", "sliding")
@@ -80,6 +84,7 @@ class PerplexityResult:
     tokens_scored: int
     windows: int
     tokens_in_stream: int
+    by_position: PositionLoss | None = None
 
     @property
     def mean_nll(self) -> float:
@@ -94,7 +99,8 @@ class PerplexityResult:
         bits = self.mean_nll / math.log(2) if self.tokens_scored else math.nan
         return {"length": self.length, "protocol": self.protocol, "stride": self.stride, "score": self.score,
                 "perplexity": finite(self.perplexity), "mean_nll": finite(self.mean_nll), "bits_per_token": finite(bits),
-                "tokens_scored": self.tokens_scored, "windows": self.windows, "tokens_in_stream": self.tokens_in_stream}
+                "tokens_scored": self.tokens_scored, "windows": self.windows, "tokens_in_stream": self.tokens_in_stream,
+                **({"by_position": self.by_position.to_dict()} if self.by_position is not None else {})}
 
 
 def exp_or_inf(x: float) -> float:
@@ -108,10 +114,13 @@ def exp_or_inf(x: float) -> float:
 @torch.no_grad()
 def evaluate(model, tokens: Tensor, length: int, protocol: str = "chunks", stride: int | None = None,
              score: str = "new", batch_size: int = 8, max_windows: int | None = None,
-             device: torch.device | str | None = None, start_token: int | None = None) -> PerplexityResult:
+             device: torch.device | str | None = None, start_token: int | None = None,
+             local: bool = False) -> PerplexityResult:
     """Perplexity of ``model`` (``model(tokens [B, L]) -> logits [B, L, V]``) on the 1-D ``tokens``.
     ``start_token``: every window's input is that token and the window's first L - 1 tokens (L positions, as
-    without it): the same tokens are scored, each with the start token before its context."""
+    without it): the same tokens are scored, each with the start token before its context. ``local``: this
+    process scores every window (the in-training probe, which rank 0 runs alone); otherwise torchrun's processes
+    share them."""
     tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
     wins = windows(len(tokens), length, protocol, stride, score)
     if max_windows is not None:
@@ -119,8 +128,11 @@ def evaluate(model, tokens: Tensor, length: int, protocol: str = "chunks", strid
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.eval()
+    index = bucket_index(length)
+    by_position = PositionLoss.empty(length)
+    n_buckets = len(by_position.tokens)
 
-    def score_batch(b: int) -> tuple[Tensor, int]:
+    def score_batch(b: int) -> tuple[Tensor, int, Tensor, Tensor]:
         batch = wins[b: b + batch_size]
         x = torch.stack([tokens[w.start: w.end] for w in batch]).to(device)
         if start_token is None:
@@ -133,19 +145,25 @@ def evaluate(model, tokens: Tensor, length: int, protocol: str = "chunks", strid
         # target column j is token start + j + first; it is scored when start + j + first >= score_from
         offsets = torch.tensor([w.score_from - w.start - first for w in batch], device=device)
         mask = torch.arange(target.shape[1], device=device)[None, :] >= offsets[:, None]
-        return losses[mask].double().sum().cpu(), int(mask.sum())
+        # column j holds the logits of query position j (with or without the start token)
+        sums, counts = accumulate(losses, mask, index[:target.shape[1]], n_buckets)
+        return losses[mask].double().sum().cpu(), int(mask.sum()), sums, counts
 
     nll = torch.zeros((), dtype=torch.float64)
     count = 0
+    starts = range(0, len(wins), batch_size)
     try:
         # batches split across torchrun's processes, summed in batch order: the single-process sum exactly
-        for batch_nll, batch_count in distributed.shard_map(score_batch, range(0, len(wins), batch_size)):
+        scored = [score_batch(b) for b in starts] if local else distributed.shard_map(score_batch, starts)
+        for batch_nll, batch_count, sums, counts in scored:
             nll += batch_nll
             count += batch_count
+            by_position.add(sums, counts)
     finally:
         model.train(was_training)
     return PerplexityResult(length, protocol, stride if protocol == "sliding" else None,
-                            score if protocol == "sliding" else None, float(nll), count, len(wins), len(tokens))
+                            score if protocol == "sliding" else None, float(nll), count, len(wins), len(tokens),
+                            by_position)
 
 
 def unigram_entropy(tokens: Tensor, vocab_size: int | None = None) -> float:

@@ -14,7 +14,9 @@ during training) is judged on the probe instead, the metric its table reports: t
 ``PROBE_WINDOW`` (20%) of its probes against the 20% before them; it **stopped improving** when the gain is
 less than ``PROBE_GAIN`` (1 percentage point), or when the last window's mean is at least ``CEILING`` (99%, where
 no room is left to improve). Windows of 20% of 20 probes are 4 probes (4,000 examples at 1,000 per probe): the
-standard error of a window's mean is under 0.8 points, so a single lucky probe does not decide it.
+standard error of a window's mean is under 0.8 points, so a single lucky probe does not decide it. The length
+probe of the language-model tasks (``posbench.evaluation.length_probe``: held-out losses, not percentages) is not
+such a probe: those runs are judged on their training loss.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from posbench.evaluation.length_probe import is_length_loss
 
 WINDOW, REL, ABS = 0.1, 0.01, 0.01
 PROBE_WINDOW, PROBE_GAIN, CEILING, MIN_PROBES = 0.2, 1.0, 99.0, 10
@@ -73,9 +77,17 @@ def probe_plateau(history: list[list[Any]], name: str) -> Plateau | None:
 
 
 def probe_name(record: dict[str, Any]) -> str | None:
-    """The first value the run's probe recorded (``accuracy_id`` for arithmetic), or None without a probe."""
-    history = (record.get("training") or {}).get("probe_history") or []
-    return next(iter(history[0][1]), None) if history else None
+    """The first percentage the run's probe recorded (``accuracy_id`` for arithmetic), or None without such a
+    probe (none, or the length probe's held-out losses)."""
+    return percentage_probe((record.get("training") or {}).get("probe_history") or [])
+
+
+def percentage_probe(history: list[Any]) -> str | None:
+    """The first value of the first probe that is not a held-out loss of the length probe, or None."""
+    if not history or not isinstance(history[0], (list, tuple)) or len(history[0]) < 2 \
+            or not isinstance(history[0][1], dict):
+        return None
+    return next((name for name in history[0][1] if not is_length_loss(str(name))), None)
 
 
 def probe_plateau_table(records: dict[str, dict[str, Any]]) -> str:
@@ -119,7 +131,7 @@ def still_improving(training: dict[str, Any]) -> bool:
     probe's when the run has one, else the training loss's); False where the rule cannot say (too few logged steps
     or probes, no training, a diverged loss)."""
     history = training.get("probe_history") or []
-    name = next(iter(history[0][1]), None) if history and isinstance(history[0][1], dict) else None
+    name = percentage_probe(history)
     try:
         found = probe_plateau(history, name) if name else plateau(training.get("loss_history") or [])
     except (TypeError, ValueError, IndexError, KeyError):        # a history not in the shape posbench writes

@@ -18,10 +18,14 @@ from posbench.data.lm import TokenStream, corpus_tokens, training_token_budget
 from posbench.data.sources import open_source
 from posbench.data.tokenizer import Tokenizer, build_tokenizer, parse_bpe_spec, tokenizer_from_spec
 from posbench.errors import ConfigError
+from posbench.evaluation.length_probe import heldout_losses
 from posbench.options import Added, Option, at_least
 from posbench.tasks.base import IndexedStream, Task
 
 BPE_TRAIN_CHARS = 2_000_000
+#: the length probe's sample (``posbench.evaluation.length_probe``), shared by every corpus task
+PROBE_TOKENS = Option(4096, "held-out tokens the in-training probe (train.probe_every) scores at each evaluation "
+                      "length; at least the longest length", at_least(2), changes_results=False)
 
 
 def init_tokenizer(source) -> Tokenizer:
@@ -172,6 +176,7 @@ class CorpusTask(TokenizerMixin, Task):
         "start_token": Option(False, "begin every training and evaluation window with the tokenizer's BOS (windows "
                                      "are cut mid-document; NoPE counts positions from a first token)",
                               added=Added(2, False)),
+        "probe_tokens": PROBE_TOKENS,
     }
 
     _train: TokenStream | None = None
@@ -209,6 +214,15 @@ class CorpusTask(TokenizerMixin, Task):
         from posbench.data.splits import check_splits
 
         self.splits = check_splits(self.corpus)            # the held-out split exists: checked before training
+        if self.config.training.probe_every and self.config.training.steps:
+            self.probe_sample()                            # the probe's sample holds its windows: checked now
+
+    def check_heldout_length(self) -> None:
+        """Refuse, in one line, held-out text shorter than the longest evaluation length."""
+        available = len(self.eval_tokens().tokens)
+        if max(self.lengths()) > available:
+            raise DataError(f"the held-out text has {available} tokens, fewer than the longest evaluation length "
+                            f"{max(self.lengths())}; raise task.eval_tokens or lower task.length_factors")
 
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
@@ -232,6 +246,25 @@ class CorpusTask(TokenizerMixin, Task):
                 raise DataError(f"the held-out split of '{self.corpus.spec}' is empty; give the data a validation "
                                 f"file or more documents")
         return self._eval
+
+    def lengths(self) -> list[int]:
+        """The evaluation lengths in tokens (the training length; perplexity: each of its length factors)."""
+        return [self.train_length]
+
+    def probe(self, model, device) -> dict[str, float]:
+        """Held-out loss at each evaluation length on the first ``probe_tokens`` held-out tokens
+        (``posbench.evaluation.length_probe``)."""
+        return heldout_losses(model, self.probe_sample(), self.lengths(), self.train_length, device=device,
+                              batch_size=self.opts["eval_batch_size"], start_token=self.start_token)
+
+    def probe_sample(self):
+        """The probe's tokens; refused in one line where they hold no window of the longest length."""
+        self.check_heldout_length()
+        tokens = self.eval_tokens().tokens[: self.opts["probe_tokens"]]
+        if len(tokens) < max(self.lengths()):
+            raise ConfigError(f"task.probe_tokens: the probe's {len(tokens)} held-out tokens hold no window of "
+                              f"{max(self.lengths())} tokens (the longest evaluation length); raise task.probe_tokens")
+        return tokens
 
     def train_stream(self) -> IndexedStream:
         stream = chunk_stream(self.config.seed, self.train_tokens(), self.train_length)

@@ -53,6 +53,7 @@ class Extend(CorpusTask):
         "eval_tokens": Option(0, "held-out tokens evaluated at the new length (0: the whole held-out split)",
                               at_least(0)),
         "eval_batch_size": Option(1, "windows per forward pass in evaluation", at_least(1), changes_results=False),
+        "probe_tokens": CorpusTask.OPTIONS["probe_tokens"],
     }
     default_preset = "small"
 

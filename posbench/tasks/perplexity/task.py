@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from posbench.data.errors import DataError
 from posbench.errors import ConfigError
 from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
@@ -57,10 +56,7 @@ class Perplexity(CorpusTask):
 
     def validate(self) -> None:
         super().validate()
-        available = len(self.eval_tokens().tokens)
-        if max(self.lengths()) > available:
-            raise DataError(f"the held-out text has {available} tokens, fewer than the longest evaluation length "
-                            f"{max(self.lengths())}; raise task.eval_tokens or lower task.length_factors")
+        self.check_heldout_length()
 
     @classmethod
     def encoding_context(cls, options: dict[str, Any]) -> dict[str, Any]:
