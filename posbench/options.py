@@ -107,6 +107,18 @@ class Each:
 
 
 @dataclass(frozen=True)
+class Fractions(Each):
+    """``Each`` for a list of numbers that may be whole or not (length factors: ``1,1.5,2``): a whole number is
+    kept as an integer (``2``, as a list of integers has it), a fraction as a float."""
+
+    def parse(self, where: str, value: Any) -> list[int | float]:
+        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise OptionError(f"{where}={value!r}: expected a list (comma-separated)")
+        return [whole_or_fraction(where, item) for item in items]
+
+
+@dataclass(frozen=True)
 class Switch:
     """true, false or auto (the default decides by itself)."""
 
@@ -167,6 +179,14 @@ def coerce(where: str, value: Any, default: Any) -> Any:
     raise OptionError(f"{where}={value!r}: expected {type(default).__name__}")
 
 
+def whole_or_fraction(where: str, value: Any) -> int | float:
+    """A number as an integer when it is whole (``2``, ``"2"``, ``2.0``), else as a float (``1.5``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    number = _number(where, value, "a number")
+    return int(number) if number.is_integer() else number
+
+
 def _number(where: str, value: Any, kind: str) -> float:
     if isinstance(value, bool):
         raise OptionError(f"{where}={value!r}: expected {kind}")
@@ -184,7 +204,7 @@ def check(where: str, value: Any, limit: Limit | None) -> None:
 
 def parse(where: str, value: Any, default: Any, limit: Limit | None = None) -> Any:
     """Coerce, then range-check: the whole treatment of one option."""
-    value = limit.parse(where, value) if isinstance(limit, Switch) else coerce(where, value, default)
+    value = limit.parse(where, value) if isinstance(limit, (Switch, Fractions)) else coerce(where, value, default)
     check(where, value, limit)
     return value
 

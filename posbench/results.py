@@ -16,6 +16,20 @@ checkpoint record them (``model.d_ff`` 128 where the configuration said 0, "4 x 
 column, NaN where a metric has none, or a value that is not a number: ``compare --format tidy`` says which).
 Runs of any schema version are read (``posbench.runs.record``); unreadable ones are left out (``compare`` lists
 them).
+
+Where an encoding breaks, as frames of the same runs (each row with ``run_id``, ``task``, ``encoding``, ``seed``,
+``path``):
+
+* ``positions_frame(path)``: the loss by token position of every perplexity evaluation (``protocol``, ``length``,
+  ``factor``, ``train_length``, ``position_start``, ``position_end``, ``position``: the bucket's centre on a log
+  axis, ``tokens``, ``nll``: its mean loss in nats); ``df.groupby(["encoding", "length", "position"])["nll"].mean()``
+  is the curve compare draws;
+* ``probe_frame(path)``: the held-out loss at each length over training (``step``, ``factor``, ``nll``), for runs
+  trained with ``train.probe_every``;
+* ``attention_frame(path)``: what ``posbench analyze`` recorded (``factor``, ``length``, ``pass``, ``layer``,
+  ``head``, ``mean_distance``, ``entropy``, ``first_token``, ``beyond_train``, ``rigidity``).
+
+``load_run(run_dir)`` gives a run's trained model and held-out text (``posbench.runs.loaded``).
 """
 
 from __future__ import annotations
@@ -24,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from posbench.cells import cell
+from posbench.report.attention import attention_rows
+from posbench.report.by_position import position_rows, probe_rows
 from posbench.evaluation.metrics import METRICS
 from posbench.options import SECTIONS
 
@@ -38,6 +54,38 @@ def frame(path: Path | str):
 
     runs, _ = scan_runs(Path(path))
     return frame_of(runs)
+
+
+def load_run(run_dir: Path | str, device: str = "cpu"):
+    """A finished run's model, held-out tokens and record (``posbench.runs.loaded.load_run``)."""
+    from posbench.runs.loaded import load_run as load     # torch: only where a model is built
+
+    return load(run_dir, device)
+
+
+def positions_frame(path: Path | str):
+    """The loss by position of every run under ``path`` (see the module docstring)."""
+    return _rows_frame(path, position_rows)
+
+
+def probe_frame(path: Path | str):
+    """The length probe's held-out losses over training of every run under ``path``."""
+    return _rows_frame(path, probe_rows)
+
+
+def attention_frame(path: Path | str):
+    """What ``posbench analyze`` recorded for every run under ``path``, one row per length, layer and head."""
+    return _rows_frame(path, attention_rows)
+
+
+def _rows_frame(path: Path | str, rows_of):
+    import pandas as pd
+    from posbench.runs.store import scan_runs
+
+    runs, _ = scan_runs(Path(path))
+    rows = [{"run_id": run.run_id, "task": run.task, "encoding": run.encoding, "seed": run.seed, "path": str(run.path),
+             **row} for run in runs for row in rows_of(run)]
+    return pd.DataFrame(rows)
 
 
 def frame_of(runs: list[Any]):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from posbench.cli.app import app
+from posbench.cli import main
 from posbench.evaluation.length_probe import factor_of, is_length_loss, probe_name
 from posbench.model import ModelConfig, Transformer
 from posbench.report.plateau import probe_name as plateau_probe_name
@@ -85,14 +85,11 @@ def test_plateau_ignores_length_losses_but_not_a_percentage():
     assert not still_improving({"loss_history": losses, "probe_history": both})   # the percentage decides
 
 
-def test_a_sample_too_short_for_the_longest_length_is_refused_before_the_run(tmp_path):
-    from typer.testing import CliRunner
-
+def test_a_sample_too_short_for_the_longest_length_is_refused_before_the_run(tmp_path, capsys):
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["run", "-e", "rope", "-t", "perplexity", "-p", "tiny", "--steps", "4",
-                                      "--set", "train.probe_every=2", "--set", "task.probe_tokens=200",
-                                      "--out", str(out)])
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
+    code = main(["run", "-e", "rope", "-t", "perplexity", "-p", "tiny", "--steps", "4", "--set", "train.probe_every=2",
+                 "--set", "task.probe_tokens=200", "--out", str(out)])
+    assert code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and "task.probe_tokens" in lines[0] and "256" in lines[0]
     assert not any(out.rglob("config.json"))

@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from posbench.cli import bench, check, compare, export, extend, ls, run, score, sweep
+from posbench.cli import analyze, bench, check, compare, export, extend, ls, run, score, sweep
 from posbench.cli.common import err, print_error, user_errors
 from posbench.cli.registry_help import BenchHelp, ExtendHelp, RunHelp, SweepHelp
 
@@ -60,6 +60,7 @@ command("bench", bench.bench, bench.BENCH_EPILOG, cls=BenchHelp)
 command("export", export.export, export.EXPORT_EPILOG)
 command("sweep", sweep.sweep, sweep.SWEEP_EPILOG, cls=SweepHelp)
 command("check", check.check, check.CHECK_EPILOG)
+command("analyze", analyze.analyze, analyze.ANALYZE_EPILOG)
 
 
 # ---- entry point -------------------------------------------------------------------------------------------

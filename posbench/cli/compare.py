@@ -11,6 +11,7 @@ import typer
 
 from posbench.cli.common import err, out, user_errors
 from posbench.cli.shared_options import Force, Format, Task
+from posbench.report.effective_length import Tolerance, parse_tolerance, with_effective_lengths
 
 COMPARE_EPILOG = """[bold]Examples[/bold]
 
@@ -46,6 +47,10 @@ def compare(
     html: Optional[Path] = typer.Option(None, "--html", help="Write the whole report (tables, figures, every run's "
                                         "provenance) as one self-contained HTML file."),
     force: Force = False,
+    tolerance: Optional[str] = typer.Option(None, "--eff", help="eff_len's tolerances, any of eps=0.1 (perplexity "
+                                            "at most (1 + eps) x its 1x value), tau=0.9 (accuracy at least tau x its "
+                                            "in-distribution value), abs=85.6 (eff_len_abs: RULER's bar, %), "
+                                            "comma-separated (posbench.report.effective_length)."),
 ) -> None:
     """One table per task: a row per encoding (runs that differ only in their seed pooled: mean ± 95% interval),
     the best of each column marked; paired differences (--against), figures, an HTML report.
@@ -58,7 +63,7 @@ def compare(
 
     with user_errors():
         if fmt == "tidy":
-            write_tidy(directory, task)
+            write_tidy(directory, task, parse_tolerance(tolerance))
             return
         if fmt not in rep.FORMATS:
             from posbench.registry import UnknownNameError
@@ -75,7 +80,8 @@ def compare(
         if html is not None and html.exists() and (html.is_dir() or not force):
             raise ResultError(f"--html {html} is a directory" if html.is_dir() else
                               f"--html {html} already exists; pass --force to replace it, or choose another file")
-        result = rep.collect(directory, task, by_run=by_run, against=against, by_model=by_model)
+        tolerance = parse_tolerance(tolerance)
+        result = rep.collect(directory, task, by_run=by_run, against=against, by_model=by_model, tolerance=tolerance)
         if not result.tables:
             where = f" for task '{task}'" if task else ""
             skipped = f" ({len(result.problems)} unreadable, listed above)" if result.problems else ""
@@ -83,7 +89,7 @@ def compare(
             raise ResultError(f"no finished runs{where} under {directory}{skipped}")
         if against is not None:
             check_baseline(result, against, directory)
-        figures_from = rep.collect(directory, task, by_run=by_run) if by_model and (plots or html) else result
+        figures_from = rep.collect(directory, task, by_run=by_run, tolerance=tolerance) if by_model and (plots or html) else result
         written = rep.plot(figures_from, plots, force=force) if plots is not None else []
         if fmt == "table":
             from posbench.report.terminal import render
@@ -120,7 +126,7 @@ def show_problems(problems, warnings=()) -> None:
         console.print(f"note: {line}", markup=False, soft_wrap=True)
 
 
-def write_tidy(directory: Path, task: str | None) -> None:
+def write_tidy(directory: Path, task: str | None, tolerance: Tolerance) -> None:
     """``--format tidy``: the DataFrame of ``posbench.results.frame`` as CSV on stdout."""
     from posbench.report.tables import unusable_values
     from posbench.results import frame_of
@@ -130,7 +136,7 @@ def write_tidy(directory: Path, task: str | None) -> None:
     runs, problems = scan_runs(directory)
     if task is not None:
         runs = [r for r in runs if r.task == task]
-    df = frame_of(runs)
+    df = frame_of([with_effective_lengths(run, tolerance) for run in runs])
     if df.empty:
         show_problems(problems, unusable_values(runs))
         raise ResultError(f"no finished runs{f' for task {task!r}' if task else ''} under {directory}")

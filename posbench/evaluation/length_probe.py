@@ -40,12 +40,13 @@ def factor_of(name: str) -> float:
     return float(found.group(1))
 
 
-def heldout_losses(model, tokens, lengths: list[int], train_length: int, *, device, batch_size: int,
+def heldout_losses(model, tokens, lengths: dict[float, int], *, device, batch_size: int,
                    start_token: int | None) -> dict[str, float]:
-    """``{nll_<k>x: mean NLL}`` of ``tokens`` in chunks of each length of ``lengths`` (this process alone)."""
+    """``{nll_<k>x: mean NLL}`` of ``tokens`` in chunks of each length (``{factor k: length in tokens}``), scored
+    by this process alone."""
     out = {}
-    for length in lengths:
+    for factor, length in lengths.items():
         res = evaluate_ppl(model, tokens, length, "chunks", batch_size=batch_size, device=device,
                            start_token=start_token, local=True)
-        out[probe_name(length / train_length)] = res.mean_nll
+        out[probe_name(factor)] = res.mean_nll
     return out

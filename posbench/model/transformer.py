@@ -73,6 +73,9 @@ class Attention(nn.Module):
         self.layer, self.n_heads, self.head_dim, self.backend = layer, cfg.n_heads, cfg.head_dim, cfg.attention
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        #: called as ``observer(q, k, bias, q_pos, k_pos)`` with what each attention call scores (the analysis of
+        #: ``posbench analyze``, posbench.analysis.heads); None in training and evaluation
+        self.observer = None
 
     def forward(self, x: Tensor, state: Any, positions: Tensor, pe, cache: LayerCache | None,
                 aligned: bool = False, key_mask: Tensor | None = None):
@@ -104,6 +107,8 @@ class Attention(nn.Module):
         if shared_rows(q_pos) and shared_rows(k_pos):         # rows share their positions: one bias for all
             q_pos, k_pos = q_pos[:1], k_pos[:1]
         bias = layer_bias(pe, self.layer, state, q, k, q_pos, k_pos)
+        if self.observer is not None:
+            self.observer(q, k, bias, q_pos, k_pos)
         if isinstance(cache, StaticLayerCache) and aligned and isinstance(bias, ScoreBias) and bias.relative:
             with torch.no_grad():                   # what the one-token steps read: built once, here
                 cache.set_table(bias.distance_table(self.n_heads, cache.cache.capacity, q.device))

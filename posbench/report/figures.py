@@ -24,20 +24,15 @@ from typing import Any
 
 import numpy as np
 
+from posbench.evaluation.length_probe import is_length_loss
+from posbench.report.break_figures import break_figures
+from posbench.report.figure_style import (FEW_SERIES, LABEL_WIDTH, SHORT_LABEL, TITLE_WIDTH, legend_label,  # noqa: F401
+                                          log2_axis, place_legend, pyplot, series_axes, series_style, wrapped)
 from posbench.report.structure import Report, Row, TaskTable, grid_values
 from posbench.stats import seed_interval
 
 DPI = 110
 HEATMAPS_PER_ROW = 4        # then they wrap: twelve encodings in one row made a figure 12 times wider than tall
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 #: every text of a figure is drawn as the characters it holds: a name from a result.json (an encoding called
@@ -51,11 +46,6 @@ def plain_text():
     import matplotlib
 
     return matplotlib.rc_context(PLAIN_TEXT)
-
-
-def legend_label(label: str) -> str:
-    """A series' label as its legend shows it: matplotlib leaves out every label that starts with '_'."""
-    return " " + label if label.startswith("_") else label
 
 
 def _safe(name: str) -> str:
@@ -99,6 +89,8 @@ def _table_figures(table: TaskTable) -> Iterator[tuple[str, Any]]:
         fig = probe_curves(table, name)
         if fig is not None:
             yield f"{_safe(table.task)}_probe_{_safe(name)}", fig
+    for suffix, fig in break_figures(table):
+        yield f"{_safe(table.task)}_{suffix}", fig
 
 
 def plot(report: Report, out_dir: Path | str, *, force: bool = False) -> list[Path]:
@@ -211,6 +203,8 @@ def heatmaps(task: str, name: str, items) -> Any:
         ya, xa = grid["axes"][0], grid["axes"][1]
         image = ax.imshow(arr, origin="lower", cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto",
                           extent=(-0.5, len(xa["values"]) - 0.5, -0.5, len(ya["values"]) - 0.5))
+        if arr.size <= ANNOTATE_CELLS:
+            annotate(ax, arr, vmin, vmax)
         mean = float(np.nanmean(arr)) if np.isfinite(arr).any() else float("nan")
         ax.set_title(f"{row.label}\nmean {mean:.1f}{_seeds_text(len(arrs))}", fontsize=9)
         ax.set_xlabel(xa["name"])
@@ -226,6 +220,19 @@ def heatmaps(task: str, name: str, items) -> Any:
     fig.colorbar(image, ax=used.tolist(), shrink=0.85, label=f"{name}" + (f" ({unit})" if unit else ""))
     fig.suptitle(f"{task}: {name}", fontsize=10)
     return fig
+
+
+#: a heatmap of at most this many cells writes each cell's value in it
+ANNOTATE_CELLS = 144
+
+
+def annotate(ax, values: np.ndarray, vmin: float, vmax: float) -> None:
+    """Each finite cell's value written in it (a digit less past 100), dark on light colours and light on dark."""
+    for (i, j), value in np.ndenumerate(values):
+        if np.isfinite(value):
+            text = f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=5 if values.size > 64 else 6,
+                    color="white" if value < (vmin + vmax) / 2 else "black")
 
 
 def _ticks(ax, values: list[Any], which: str) -> None:
@@ -264,46 +271,6 @@ def value_bounds(grid: dict[str, Any], arrays: list[np.ndarray]) -> tuple[float,
     return (0.0, np.inf) if finite.size and finite.min() >= 0 else (-np.inf, np.inf)
 
 
-LINE_STYLES = ("-", "--", ":", "-.")
-MARKERS = ("o", "s", "^", "D")
-
-
-def series_style(i: int) -> dict[str, Any]:
-    """The i-th series' colour, line and marker: matplotlib's ten colours, then the same ten with another line
-    and marker, so that no two of up to 40 series look alike (with the default cycle the 11th is the 1st)."""
-    return {"color": f"C{i % 10}", "linestyle": LINE_STYLES[(i // 10) % 4], "marker": MARKERS[(i // 10) % 4]}
-
-
-FEW_SERIES = 6                  # up to this many: the legend inside the axes, bands at full shade
-SHORT_LABEL = 24                # longer labels (extensions: "llama+tape (seed 0, ...)") go beside the axes
-LABEL_WIDTH = 32                # a legend label wraps at this many characters
-TITLE_WIDTH = 56                # a title wraps at this many characters (about the axes' width)
-
-
-def series_axes(n_series: int) -> tuple[Any, Any, float]:
-    """A figure for ``n_series`` curves, its axes and the bands' alpha (wider and lighter for many)."""
-    few = n_series <= FEW_SERIES
-    fig, ax = pyplot().subplots(figsize=(6 if few else 7.5, 4), constrained_layout=True)
-    return fig, ax, 0.2 if few else 0.08
-
-
-def wrapped(text: str, width: int) -> str:
-    return "\n".join(textwrap.wrap(text, width, break_on_hyphens=False)) or text
-
-
-def place_legend(ax, n_series: int) -> None:
-    """Inside the axes for a few short labels; beside them (outside: the layout makes room, so nothing covers the
-    curves or the y label, and nothing is cut) for many series or long labels, each label wrapped."""
-    handles, labels = ax.get_legend_handles_labels()
-    if n_series <= FEW_SERIES and all(len(label) <= SHORT_LABEL for label in labels):
-        ax.legend(fontsize=8)
-        return
-    width, height = ax.figure.get_size_inches()
-    ax.figure.set_size_inches(width + 2.5, height)              # the legend's room: the axes keep theirs
-    ax.figure.legend(handles, [wrapped(label, LABEL_WIDTH) for label in labels], fontsize=7,
-                     loc="outside right upper")
-
-
 def training_lengths(ax, axis: str, items, styles: list[dict[str, Any]]) -> int:
     """Each row's training length as a dashed vertical line: one grey line when every row trained at the same
     length, else one per length in the colour of the first row that trained at it; returns how many lengths."""
@@ -324,6 +291,7 @@ def curves(task: str, name: str, items) -> Any:
     fig, ax, shade = series_axes(len(items))
     axis = items[0][1]["axes"][0]
     styles = [series_style(i) for i in range(len(items))]
+    marked_effective = 0
     for (row, grid, arrs), style in zip(items, styles):
         xs = grid["axes"][0]["values"]
         mean, low, high = _band(arrs, value_bounds(grid, arrs))
@@ -331,18 +299,41 @@ def curves(task: str, name: str, items) -> Any:
                           **style)
         if low is not None:
             ax.fill_between(xs, low, high, color=line.get_color(), alpha=shade, linewidth=0)
+        marked_effective += mark_effective(ax, row, name, grid, xs, mean, line.get_color())
     ax.set_xlabel(axis["name"])
     ax.set_ylabel(items[0][1].get("metric", name))
     marked = training_lengths(ax, axis["name"], items, styles)
     if all(isinstance(x, (int, float)) and x > 0 for x in axis["values"]) and \
-            max(axis["values"]) / max(min(axis["values"]), 1e-9) > 16:
-        ax.set_xscale("log", base=2)
+            max(axis["values"]) / max(min(axis["values"]), 1e-9) >= 4:      # doubling lengths: equal steps
+        log2_axis(ax)
     place_legend(ax, len(items))
     shaded = any(len(arrs) > 1 for _, _, arrs in items)
     title = f"{task}: {name}" + (" (mean over seeds, 95% interval shaded)" if shaded else "") + \
-        {0: "", 1: "; dashed: the training length"}.get(marked, "; dashed: each row's training length")
+        {0: "", 1: "; dashed: the training length"}.get(marked, "; dashed: each row's training length") + \
+        ("; hollow circle: each row's effective length (eff_len)" if marked_effective else "")
     ax.set_title(wrapped(title, TITLE_WIDTH), fontsize=9)
     return fig
+
+
+#: which effective length (posbench.report.effective_length) a 1-axis grid's curve shows
+EFFECTIVE_OF_GRID = {"ppl_chunks": "eff_len", "ppl_sliding": "eff_len_sliding", "accuracy": "eff_len"}
+
+
+def mark_effective(ax, row: Row, name: str, grid: dict[str, Any], xs: list[Any], mean: np.ndarray,
+                   colour: str) -> int:
+    """A hollow circle on the row's curve at its effective length (the mean over seeds, in tokens: drawn on the
+    curve between the lengths around it); 1 when drawn."""
+    cell = row.cells.get(EFFECTIVE_OF_GRID.get(name, ""))
+    trained = ((grid.get("meta") or {}).get("train_max") or {}).get(grid["axes"][0]["name"])
+    if cell is None or cell.value is None or not isinstance(trained, (int, float)) or not len(xs):
+        return 0
+    x = cell.value * trained
+    try:
+        y = float(np.interp(x, np.asarray(xs, dtype=float), mean))
+    except (TypeError, ValueError):
+        return 0
+    ax.plot([x], [y], marker="o", markersize=10, markerfacecolor="none", markeredgecolor=colour, linestyle="none")
+    return 1
 
 
 # ---- training loss -----------------------------------------------------------------------------------------
@@ -363,7 +354,7 @@ def probe_names(table: TaskTable) -> list[str]:
     names: list[str] = []
     for run in table.runs:
         for _, values in run.probe_history[:1]:
-            names += [n for n in values if n not in names]
+            names += [n for n in values if n not in names and not is_length_loss(str(n))]   # losses: break_figures
     return names
 
 

@@ -172,7 +172,8 @@ def parse_assignment(text: str) -> tuple[str, str]:
 def typed(where: str, value: Any, like: Any, limit: Any = None) -> Any:
     """``value`` (text from the command line, or a preset's TOML value) as the type of ``like`` (a ``Switch`` key:
     true, false or auto); the ranges are checked when the sections are complete."""
-    return limit.parse(where, value) if isinstance(limit, opts.Switch) else opts.coerce(where, value, like)
+    return limit.parse(where, value) if isinstance(limit, (opts.Switch, opts.Fractions)) else \
+        opts.coerce(where, value, like)
 
 
 def read_settings(sections: dict[str, dict[str, Any]], overrides: dict[str, Any] | Sequence[tuple[str, Any]],

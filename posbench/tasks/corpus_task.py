@@ -247,14 +247,18 @@ class CorpusTask(TokenizerMixin, Task):
                                 f"file or more documents")
         return self._eval
 
+    def factors(self) -> list[float]:
+        """The evaluation lengths as multiples of the training length (1; perplexity: its length factors)."""
+        return [1]
+
     def lengths(self) -> list[int]:
-        """The evaluation lengths in tokens (the training length; perplexity: each of its length factors)."""
-        return [self.train_length]
+        """The evaluation lengths in tokens."""
+        return [round(f * self.train_length) for f in self.factors()]
 
     def probe(self, model, device) -> dict[str, float]:
         """Held-out loss at each evaluation length on the first ``probe_tokens`` held-out tokens
         (``posbench.evaluation.length_probe``)."""
-        return heldout_losses(model, self.probe_sample(), self.lengths(), self.train_length, device=device,
+        return heldout_losses(model, self.probe_sample(), dict(zip(self.factors(), self.lengths())), device=device,
                               batch_size=self.opts["eval_batch_size"], start_token=self.start_token)
 
     def probe_sample(self):

@@ -22,7 +22,7 @@ from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
 from posbench.evaluation.perplexity import PROTOCOLS, SCORING
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
-from posbench.options import Each, OneOf, Option, at_least
+from posbench.options import Each, Fractions, OneOf, Option, at_least
 from posbench.tasks.corpus_task import CorpusTask
 
 
@@ -37,8 +37,8 @@ class Perplexity(CorpusTask):
     description = "perplexity vs evaluation length (1-8x the training length), chunked and sliding-window"
     OPTIONS = {
         **CorpusTask.OPTIONS,
-        "length_factors": Option([1, 2, 4, 8], "evaluation lengths as multiples of the training length",
-                                 Each(at_least(1))),
+        "length_factors": Option([1, 2, 4, 8], "evaluation lengths as multiples of the training length "
+                                 "(fractions too: 1,1.5,2)", Fractions(at_least(1))),
         "protocols": Option(["chunks", "sliding"], "chunks (non-overlapping) and/or sliding (windows every `stride` "
                             "tokens)", Each(OneOf(PROTOCOLS))),
         "stride": Option(0, "sliding-window stride in tokens (0: half of each evaluation length)", at_least(0)),
@@ -63,8 +63,8 @@ class Perplexity(CorpusTask):
         """The longest evaluation as a multiple of the training length (RandPE's span covers it)."""
         return {"eval_length_factor": float(max(options["length_factors"]))}
 
-    def lengths(self) -> list[int]:
-        return [int(f) * self.train_length for f in sorted(set(self.opts["length_factors"]))]
+    def factors(self) -> list[float]:
+        return sorted(set(self.opts["length_factors"]))
 
     def stride_for(self, length: int) -> int:
         stride = self.opts["stride"] or length // 2
@@ -83,13 +83,12 @@ class Perplexity(CorpusTask):
         done = 0
         for protocol in protocols:
             values = []
-            for length in lengths:
+            for factor, length in zip(self.factors(), lengths):
                 stride = self.stride_for(length) if protocol == "sliding" else None
                 res = evaluate_ppl(model, tokens, length, protocol, stride=stride, score=self.opts["score"],
                                    batch_size=self.opts["eval_batch_size"], device=device,
                                    start_token=self.start_token)
-                factor = length // self.train_length
-                key = f"ppl_{factor}x" if protocol == "chunks" else f"ppl_sliding_{factor}x"
+                key = f"ppl_{factor:g}x" if protocol == "chunks" else f"ppl_sliding_{factor:g}x"
                 metrics[key] = Metric(res.perplexity, None, res.tokens_scored)
                 values.append(res.perplexity)
                 details.append(res.to_dict())
@@ -103,7 +102,7 @@ class Perplexity(CorpusTask):
         if bar:
             bar.close()
         first = protocols[0]
-        longest = lengths[-1] // self.train_length
+        longest = f"{self.factors()[-1]:g}"
         primary = f"ppl_{longest}x" if first == "chunks" else f"ppl_sliding_{longest}x"
         return Evaluation(metrics=metrics, primary=primary, grids=grids,
                           info={"table_columns": list(metrics),
