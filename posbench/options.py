@@ -23,8 +23,10 @@ as ``3`` or ``3.0`` (not ``3.5``); floats in any Python spelling; lists as comma
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import difflib
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -51,7 +53,9 @@ class Bound:
     high_strict: bool = False
 
     def admits(self, value: Any) -> bool:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):      # (an int is finite, however large)
             return False
         if self.low is not None and (value <= self.low if self.low_strict else value < self.low):
             return False
@@ -157,12 +161,7 @@ def coerce(where: str, value: Any, default: Any) -> Any:
             return word in TRUE_WORDS
         raise OptionError(f"{where}={value!r}: expected true or false")
     if isinstance(default, int):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        number = _number(where, value, "an integer")
-        if not number.is_integer():
-            raise OptionError(f"{where}={value!r}: expected an integer")
-        return int(number)
+        return integer(where, value)
     if isinstance(default, float):
         return _number(where, value, "a number")
     if isinstance(default, (list, tuple)):
@@ -181,10 +180,68 @@ def coerce(where: str, value: Any, default: Any) -> Any:
 
 def whole_or_fraction(where: str, value: Any) -> int | float:
     """A number as an integer when it is whole (``2``, ``"2"``, ``2.0``), else as a float (``1.5``)."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    number = _exact(where, value, "a number")
+    return integer(where, number) if isinstance(number, int) or number.is_integer() else number
+
+
+#: the largest integer an option holds: a 64-bit signed integer's (what NumPy, torch and their files hold)
+MAX_INTEGER = 2**63 - 1
+#: the largest float whose whole numbers are all exact (2**53): an integer written as a larger float may have
+#: changed on the way (``9007199254740993.0`` is read as ...992)
+EXACT_FLOAT = 2**53
+BEYOND_64_BITS = "an integer setting is a 64-bit integer (-2**63 to 2**63 - 1)"
+
+
+def integer(where: str, value: Any) -> int:
+    """``value`` as an integer, exactly: text is read as written (``"9007199254740993"``, ``"3.0"``, ``"1e3"``),
+    never through a float; a float must be whole and at most 2**53 (beyond it a float is not the integer that was
+    written); every integer within a 64-bit integer's range."""
+    number = _exact(where, value, "an integer")
+    if isinstance(number, float):
+        if not number.is_integer():
+            raise OptionError(f"{where}={value!r}: expected an integer")
+        if abs(number) > EXACT_FLOAT:
+            raise OptionError(f"{where}={value!r}: beyond 2**53 a float may not be the integer written; write it in "
+                              f"digits")
+        number = int(number)
+    if not -MAX_INTEGER - 1 <= number <= MAX_INTEGER:
+        raise OptionError(f"{where}={shown(value)} is out of range: {BEYOND_64_BITS}")
+    return number
+
+
+def _exact(where: str, value: Any, kind: str) -> int | float:
+    """A number as given: an integer (Python's, or text of a whole number in any spelling: ``12``, ``1_000``,
+    ``3.0``, ``1e3``) exactly, anything else as a float; a whole number far beyond 64 bits is refused before it
+    is built (``1e999999999``)."""
+    if isinstance(value, bool):
+        raise OptionError(f"{where}={value!r}: expected {kind}")
+    if isinstance(value, int):
         return value
-    number = _number(where, value, "a number")
-    return int(number) if number.is_integer() else number
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+        try:
+            written = decimal.Decimal(value)
+        except (decimal.InvalidOperation, ValueError):
+            written = None
+        if written is not None and written.is_finite() and written == written.to_integral_value():
+            if written.adjusted() > 19:                    # over 20 digits: no 64-bit integer, whatever it is
+                raise OptionError(f"{where}={shown(value)} is out of range: {BEYOND_64_BITS}")
+            return int(written)
+    if not isinstance(value, float):
+        try:
+            return operator.index(value)                   # an integer of another kind (NumPy's)
+        except TypeError:
+            pass
+    return _number(where, value, kind)
+
+
+def shown(value: Any, most: int = 40) -> str:
+    """``repr(value)``, cut to ``most`` characters (a number of thousands of digits in an error)."""
+    text = repr(value)
+    return text if len(text) <= most else f"{text[:most - 3]}..."
 
 
 def _number(where: str, value: Any, kind: str) -> float:

@@ -11,17 +11,22 @@ A class registers itself when it is defined (``__init_subclass__`` in ``encoding
    variable ``POSBENCH_PLUGINS`` (several, comma-separated): imported the first time any registry is read
    (``load_plugins``), before the entry points.
 
-A plugin that cannot be imported is one line (``PluginError``).
+A plugin that cannot be imported is one line (``PluginError``). What identifies the code of each plugin imported
+(``loaded_plugins``: its module, its file and the SHA-256 of its source, read when it is imported) goes into the
+record of every run made with it (``plugins`` in result.json), so that ``compare`` never pools runs of one name
+whose code differs.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
 import importlib.util
 import os
 import pkgutil
 import sys
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib.metadata import entry_points
@@ -37,16 +42,25 @@ PLUGINS_VARIABLE = "POSBENCH_PLUGINS"
 
 
 class UnknownNameError(UserError, KeyError):
-    """An unknown registry key. ``str()`` is a one-line message with the valid names."""
+    """An unknown registry key. ``str()`` is a one-line message with the valid names, then ``hint`` (a registry's:
+    ``plugin_hint``)."""
 
-    def __init__(self, kind: str, name: str, valid: list[str]):
+    def __init__(self, kind: str, name: str, valid: list[str], hint: str = ""):
         close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        self.message = f"unknown {kind} '{name}'.{hint} Valid: {', '.join(sorted(valid))}."
+        meant = f" Did you mean '{close[0]}'?" if close else ""
+        self.message = f"unknown {kind} '{name}'.{meant} Valid: {', '.join(sorted(valid))}.{hint}"
         super().__init__(self.message)
 
     def __str__(self) -> str:
         return self.message
+
+
+def plugin_hint(command: str = "COMMAND ...") -> str:
+    """The sentence every unknown name of a registry ends with (a name typed, or read from a run's record by
+    ``export``, ``analyze``, ``--resume``...): it may be a plugin's, which is imported only when named. ``command``:
+    the command to show it named in (``check NAME``)."""
+    return (f" One of a plugin's? posbench imports a plugin only when told: posbench --plugins FILE.py {command} "
+            f"(or {PLUGINS_VARIABLE}=FILE.py).")
 
 
 class PluginError(UserError):
@@ -56,6 +70,8 @@ class PluginError(UserError):
 # ---- importing what registers --------------------------------------------------------------------------------
 
 _loaded_plugins: set[str] = set()
+_plugin_code: dict[str, dict[str, str | None]] = {}    # module -> what identifies its code (``loaded_plugins``)
+_entry_classes: dict[str, tuple] = {}                   # an entry point's module -> (registry (weakly), name, class)
 _importing: list[str] = []          # the plugin module being imported (what its classes' origin names)
 
 
@@ -116,18 +132,52 @@ def _import_plugin(name: str) -> None:
             where = getattr(other, "__file__", None) or "built into Python"
             raise PluginError(f"plugin {name!r}: a module named {path.stem!r} is already imported ({where}); "
                               f"rename the file")
+        source = path.read_bytes()               # what runs is what is hashed (never a stale bytecode cache)
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[path.stem] = module          # a real module: pickling and FlexAttention's tracing import it
         try:
-            spec.loader.exec_module(module)
+            exec(compile(source, str(path), "exec"), module.__dict__)
         except BaseException:
             sys.modules.pop(path.stem, None)
             raise
+        _plugin_code[path.stem] = {"module": path.stem, "file": str(path),
+                                   "sha256": hashlib.sha256(source).hexdigest()}
         return
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())               # as ``python -m`` would: a module beside the user
-    importlib.import_module(name)
+    module = importlib.import_module(name)
+    _plugin_code[name] = {"module": name, **source_of(module)}
+
+
+def source_of(module: object) -> dict[str, str | None]:
+    """The file of an imported module and the SHA-256 of its source: of its file, or for a package of every
+    ``.py`` file under its folder (each path relative to it, then its bytes); None where it has no file."""
+    file = getattr(module, "__file__", None)
+    if not file:
+        return {"file": None, "sha256": None}
+    path = Path(file).resolve()
+    if not hasattr(module, "__path__"):
+        return {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    digest = hashlib.sha256()
+    for each in sorted(path.parent.rglob("*.py")):
+        digest.update(str(each.relative_to(path.parent)).encode() + b"\0" + each.read_bytes() + b"\0")
+    return {"file": str(path.parent), "sha256": digest.hexdigest()}
+
+
+def loaded_plugins() -> list[dict[str, str | None]]:
+    """What identifies the code of every plugin this process imported (``--plugins``, ``POSBENCH_PLUGINS``, an
+    entry point), by module: ``{"module", "file", "sha256"}`` (an entry point's also ``entry_point`` and
+    ``distribution``); empty when there is none. The source is read when the plugin is imported; a plugin undone
+    since (its module removed from ``sys.modules``, an entry point's class from its registry: tests do) is not
+    one any more."""
+    def held(module: str) -> bool:
+        if module not in _entry_classes:
+            return module in sys.modules
+        registry, name, cls = _entry_classes[module]
+        return registry() is not None and registry()._classes.get(name) is cls
+
+    return [dict(_plugin_code[name]) for name in sorted(_plugin_code) if held(name)]
 
 
 @contextmanager
@@ -209,7 +259,7 @@ class Registry(Mapping[str, type], Generic[T]):
         try:
             return self._classes[name]
         except KeyError:
-            raise UnknownNameError(self.kind, name, list(self._classes)) from None
+            raise UnknownNameError(self.kind, name, list(self._classes), plugin_hint()) from None
 
     def __getitem__(self, name: str) -> type:
         return self.get(name)
@@ -250,6 +300,12 @@ class Registry(Mapping[str, type], Generic[T]):
                                   f"({type(exc).__name__}: {exc})") from exc
             name = getattr(cls, "name", ep.name) or ep.name
             dist = ep.dist.name if ep.dist is not None else ep.value
+            module = str(getattr(cls, "__module__", "") or ep.value.split(":")[0])     # where the class is
+            version = getattr(ep.dist, "version", None)
+            _plugin_code.setdefault(module, {
+                "module": module, "entry_point": f"{self.entry_point_group}:{ep.name}",
+                "distribution": f"{dist} {version}" if version else dist, **source_of(sys.modules.get(module))})
+            _entry_classes.setdefault(module, (weakref.ref(self), name, cls))
             if self._classes.get(name) is not cls:
                 self.add(name, cls, origin=f"plugin ({dist})")
             else:

@@ -19,6 +19,9 @@ to ``PAGE/runs/<cell id>/``; checkpoints stay behind. Then, over ``PAGE/runs`` o
                         (``posbench.report.plateau``: the rules are stated there and on the page)
     PAGE/cost.md        the measured time of the finished cells, by task and encoding, and in all
                         (studies/cost.py)
+    the page's claims   where PAGE/claims.toml exists, the page's block between ``<!-- claims.toml -->`` and
+                        ``<!-- /claims.toml -->`` is the claims table with its verdicts computed from the runs
+                        (``posbench.report.claims``: one rule for every study)
 
 A page (the third argument, by default ``PAGE.md`` beside PAGE, e.g. docs/studies/cpu/v1.md) may quote tables of tables.md between
 ``<!-- tables.md: BASELINE HEADING -->`` and ``<!-- /tables.md -->`` (BASELINE ``runs`` for ``## Every run``;
@@ -54,6 +57,7 @@ from pathlib import Path
 from posbench import files as posbench_files
 from posbench.errors import UserError, os_error
 from posbench.files import atomic_write_text
+from posbench.report import claims
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cost  # noqa: E402  (studies/cost.py, a script beside this one)
@@ -61,7 +65,10 @@ import cost  # noqa: E402  (studies/cost.py, a script beside this one)
 AGAINST = ("rope", "alibi")      # the tables' baselines: the first is the figures' and the report's too
 EVERY_RUN = "Every run"           # tables.md's last section: compare --by-run, one row per cell
 TABLES, FIGURES, REPORT, RUNS, PLATEAU, COST = "tables.md", "figures", "report.html", "runs", "plateau.md", "cost.md"
-COPIED = ("result.json", "predictions.jsonl")
+COPIED = ("result.json", "predictions.jsonl", "code.patch", "analysis.json")
+CLAIMS = claims.CLAIMS_FILE
+#: the repository whose history a published run's code must be in (this script's own)
+REPOSITORY = Path(__file__).resolve().parents[1]
 #: predictions larger than this are kept gzipped (``predictions.jsonl.gz``: the same bytes once decompressed;
 #: compare reads either): an arithmetic cell's 10,000 examples are 1.4 MB as text, 0.27 MB gzipped
 GZIP_ABOVE = 256 * 1024
@@ -229,6 +236,20 @@ def copy_runs(runs: dict[str, Path], page: Path) -> int:
     return changed
 
 
+def refuse_unrecoverable(runs: dict[str, Path], repo: Path = REPOSITORY) -> None:
+    """One line (``PublishError``) for the first cell whose code cannot be rebuilt from ``repo``'s history
+    (``posbench.runs.code.unrecoverable``: a commit in no history, a patch missing or altered, a dirty tree with no
+    patch): a published number must name code a reader can check out."""
+    from posbench.runs.code import unrecoverable
+
+    for cell, run in runs.items():
+        record = json.loads(read_limited(run / "result.json"))
+        reason = unrecoverable(record.get("posbench") or {}, run, repo)
+        if reason is not None:
+            raise PublishError(f"{cell}: its code cannot be recovered: {reason}; rerun the cell from a published "
+                               f"commit")
+
+
 def published(target: Path, source: Path) -> bytes | None:
     """The bytes published for ``source`` in ``target`` (decompressed when kept gzipped), or None (also for a
     link, which is then replaced by the file)."""
@@ -373,6 +394,8 @@ def write_page(page: Path, text_page: Path | None = None) -> None:
         text = refresh_quotes(text_page.read_text(), (page / TABLES).read_text())
         for name in (PLATEAU, COST):
             text = refresh_copy(text, name, (page / name).read_text())
+        if (page / CLAIMS).is_file():                   # the claims table, its verdicts computed from the runs
+            text = claims.refresh(text, page / CLAIMS)
         atomic_write_text(text_page, text)
     present = encodings(page / RUNS)
     baseline = next((["--against", name] for name in AGAINST if name in present), [])   # none until one has run
@@ -392,6 +415,7 @@ def main(argv: list[str]) -> int:
             print(line, file=sys.stderr)
         if not runs and not (page / RUNS).is_dir():
             raise PublishError(f"no cell of {sweep} has finished yet")
+        refuse_unrecoverable(runs)
         changed = copy_runs(runs, page)
         write_page(page, text_page)
     except (PublishError, UserError) as exc:        # UserError: a file that cannot be written, in one line

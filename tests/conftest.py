@@ -145,3 +145,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:     # the marker: keywords also hold folder names ("gpu")
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)     # around pytest's own: the line comes after its short summary
+def pytest_terminal_summary(terminalreporter):
+    """One line when peer tests of an authors' release skipped because the release is not fetched
+    (tests/release_source.py): which test files, and how to fetch it."""
+    try:
+        return (yield)
+    finally:
+        try:
+            from release_source import skipped_releases_line       # beside this file, on the path pytest gives
+        except ImportError:                                          # tests (not under --import-mode=importlib)
+            skipped_releases_line = None
+        line = skipped_releases_line and skipped_releases_line(terminalreporter.stats.get("skipped", []))
+        if line:
+            terminalreporter.write_line(line)

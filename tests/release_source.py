@@ -156,6 +156,36 @@ def require(owner: str, name: str, *commits: str) -> Release:
     return release
 
 
+SKIPPED = re.compile(r"release ([\w.-]+/[\w.-]+) (not fetched|at \S+ lacks commit)")
+
+
+def skipped_releases_line(reports) -> str | None:
+    """The one line a test run prints (tests/conftest.py's ``pytest_terminal_summary``) when tests skipped because
+    a release is not fetched (or its mirror lacks a pinned commit): the test files that skipped, and how to fetch
+    each release; None when no test skipped so. ``reports``: the run's skip reports."""
+    files: dict[str, int] = {}
+    releases: dict[str, str] = {}
+    for report in reports:
+        longrepr = report.longrepr
+        text = str(longrepr[2] if isinstance(longrepr, (tuple, list)) and len(longrepr) == 3 else longrepr)
+        found = SKIPPED.search(text)
+        if found is None:
+            continue
+        path = report.nodeid.split("::")[0]
+        files[path] = files.get(path, 0) + 1
+        releases.setdefault(found.group(1), "not fetched" if found.group(2) == "not fetched" else "lacks a commit")
+    if not files:
+        return None
+    which = ", ".join(f"{r} {why}" for r, why in sorted(releases.items()))
+    tests = sum(files.values())
+    fetch = " and ".join(f"github:{r}" for r in sorted(releases))
+    clones = "; ".join(f"git clone --mirror https://github.com/{r} DIR/{r.replace('/', '+')}/repo"
+                       for r in sorted(releases))
+    return (f"release tests skipped ({which}): {', '.join(sorted(files))} ({tests} test{'s' * (tests != 1)}); "
+            f"fetch {fetch} with the search tool's fetch (into {DEFAULT_ROOT}), or run {clones} and set "
+            f"{ROOT_ENV}=DIR (now: {releases_root()})")
+
+
 def cramming_stubs(bert_base: type, omegaconf: types.SimpleNamespace) -> dict[str, types.ModuleType]:
     """Stand-ins for the imports the arithmetic releases' ``cramming/architectures`` files make that the tests do not
     exercise: einops (RotaryEleutherAI only), BERT's attention (``bert_base`` as its base class), transformers'

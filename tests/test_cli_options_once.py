@@ -14,7 +14,7 @@ import posbench.cli
 from posbench.cli.app import app
 
 CLI = Path(posbench.cli.__file__).parent
-MOST = 33          # 30 after issue 50; issue 56 added analyze's --factors and --tokens, compare's --eff
+MOST = 34          # 30 after issue 50; issue 56 added analyze's --factors and --tokens, compare's --eff; 59 --version
 
 
 def declarations() -> list[tuple[str, list[str]]]:

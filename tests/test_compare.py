@@ -53,7 +53,8 @@ def test_tables_mark_the_best_of_each_column(tmp_path):
     assert [(t.task, t.kind) for t in rep.tables] == [("arithmetic", "metrics"), ("arithmetic", "by_length"),
                                                       ("other", "metrics"), ("other", "by_length")]
     table = rep.tables[0]
-    assert table.columns == ["accuracy", "accuracy_id", "perplexity"]
+    # the effective lengths follow the task's own metrics (derived from its grid: tests/test_effective_length.py)
+    assert table.columns == ["accuracy", "accuracy_id", "perplexity", "eff_len", "eff_len_abs"]
     assert [r.encoding for r in table.rows] == ["tape", "rope"]          # sorted by the primary metric
     tape, rope = table.rows
     assert tape.cells["accuracy"].best and not rope.cells["accuracy"].best

@@ -178,8 +178,10 @@ def test_a_real_run_writes_the_schema(tmp_path):
     grid = data["grids"]["accuracy"]
     assert [a["name"] for a in grid["axes"]] == ["len_a", "len_b"] and len(grid["values"]) == 3
     assert len(read_jsonl(outcome.run_dir / "predictions.jsonl")) == data["n_predictions"] == 9 * 8
-    assert sorted(p.name for p in outcome.run_dir.iterdir()) == ["checkpoint", "config.json",
-                                                                "predictions.jsonl", "result.json"]
+    found = sorted(p.name for p in outcome.run_dir.iterdir())
+    patched = "code.patch" in found                  # a checkout with changes keeps them (posbench.runs.code)
+    assert [n for n in found if n != "code.patch"] == ["checkpoint", "config.json", "predictions.jsonl", "result.json"]
+    assert (data["posbench"].get("patch") == "code.patch") == patched
     assert load_record(outcome.run_dir).to_dict() == outcome.record.to_dict()
 
 
@@ -206,6 +208,16 @@ def _without_rules(report: dict) -> dict:
     report["tables"] = [t for t in report["tables"] if t["kind"] != "by_length"]   # added since (test_by_length)
     for table in report["tables"]:
         table.pop("notes")
+        # the effective lengths, derived from the grids since issue 56 (tests/test_effective_length.py)
+        if isinstance(table.get("columns"), list):
+            table["columns"] = [c for c in table["columns"]
+                                if not str(c.get("name") if isinstance(c, dict) else c).split(":")[-1].startswith("eff_len")]
+        for key in ("differences", "rows"):
+            if key == "differences" and isinstance(table.get(key), list):
+                table[key] = [d for d in table[key] if not str(d.get("metric", "")).startswith("eff_len")]
+        for row in table.get("rows") or []:
+            for name in [m for m in row.get("metrics", {}) if m.split(":")[-1].startswith("eff_len")]:
+                del row["metrics"][name]
         for row in table["rows"]:
             for cell in row["metrics"].values():
                 cell.pop("best")
@@ -233,8 +245,11 @@ def test_the_record_names_the_commit_the_run_started_from_not_one_made_while_it_
     from posbench.runs import record, runner
     from posbench.runs.config import resolve_run_config
 
+    from posbench.runs import code
+
     checkout = {"git_commit": "a" * 40, "git_dirty": False}
-    monkeypatch.setattr(record, "git_info", lambda: dict(checkout))
+    monkeypatch.setattr(code, "capture", lambda repo=None: code.CodeState(dict(checkout)))
+    monkeypatch.setattr(runner, "capture", code.capture)
 
     def commit_meanwhile(step, model, loss):        # someone commits in the checkout while the run trains
         checkout.update(git_commit="b" * 40, git_dirty=True)

@@ -14,9 +14,10 @@ from posbench.options import Added, Option, at_least
 from posbench.report.setting_facts import SettingFacts, declared_facts, facts_of
 from test_compare import make_run
 
-#: the sets report/grouping.py wrote out by hand before they moved onto the declarations
+#: the sets report/grouping.py wrote out by hand before they moved onto the declarations (and task.probe_tokens,
+#: the length probe's sample, since issue 56)
 IGNORED = ("train.threads", "train.compile", "train.log_every", "train.checkpoint_every", "train.probe_every",
-           "model.attention", "task.eval_batch_size", "task.cells_to")
+           "model.attention", "task.eval_batch_size", "task.cells_to", "task.probe_tokens")
 ADDED = {"train.checkpointing": False,
          "model.norm": "rms", "model.norm_position": "pre", "model.mlp": "swiglu", "model.embedding_norm": False,
          "model.head_mlp": False, "model.recurrences": 1, "model.eval_recurrences": 0, "model.input_injection": False,

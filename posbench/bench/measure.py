@@ -114,9 +114,14 @@ class Bench(Runnable):
         from posbench.encodings import ENCODINGS
 
         task = sections["task"]
+        repeated = sorted({e for e in task["encodings"] if e and task["encodings"].count(e) > 1})
+        if repeated:
+            raise ConfigError(f"bench: encoding {', '.join(repeated)} given twice (RoPE, the baseline, is timed first "
+                              f"whether named or not)")
         names = [e for e in task["encodings"] if e] or sorted(ENCODINGS)
         task["encodings"] = list(dict.fromkeys([BASELINE, *names]))      # ratios are to RoPE: always, first
         from posbench.model.attention import check_encoding_backend
+        from posbench.model.config import check_passes
 
         context = cls.encoding_context(task)
         for name in task["encodings"]:
@@ -126,6 +131,12 @@ class Bench(Runnable):
                 raise ConfigError(f"bench cannot time encoding '{name}': it needs {', '.join(missing)}, which "
                                   f"bench does not give")
             check_encoding_backend(sections["model"]["attention"], name, encoding.bias_from_qk)
+            try:
+                check_passes(name, encoding.one_pass, sections["model"]["recurrences"],
+                             sections["model"]["eval_recurrences"])
+            except ConfigError as exc:
+                others = [n for n in task["encodings"] if not ENCODINGS.get(n).one_pass]
+                raise ConfigError(f"bench: {exc}, or leave it out: --encodings {','.join(others)}") from None
         if len(task["batch"]) != len(task["lengths"]):
             task["batch"] = task["batch"][:1] * len(task["lengths"])
 

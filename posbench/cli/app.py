@@ -13,8 +13,8 @@ import sys
 import typer
 
 from posbench.cli import analyze, bench, check, compare, export, extend, ls, run, score, sweep
-from posbench.cli.common import err, print_error, user_errors
-from posbench.cli.registry_help import BenchHelp, ExtendHelp, RunHelp, SweepHelp
+from posbench.cli.common import err, out, print_error, user_errors
+from posbench.cli.registry_help import BenchHelp, ExtendHelp, RunHelp, SweepHelp, meant
 
 app = typer.Typer(
     name="posbench", add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
@@ -28,12 +28,37 @@ app = typer.Typer(
          "  posbench --plugins my_encoding run --encoding mine --task arithmetic")
 
 
+def show_version(value: bool) -> None:
+    """``--version``: the version and the code posbench runs from (``version_line``), then exit 0."""
+    if value:
+        out().print(version_line(), markup=False, highlight=False)
+        raise typer.Exit(0)
+
+
+def version_line() -> str:
+    """``posbench VERSION from DIR (commit HASH[, with changes not committed])``: the version, the directory the
+    package is imported from, and the git commit of that checkout, as a run records them (``posbench_info``), or
+    that it is no git checkout."""
+    from pathlib import Path
+
+    import posbench
+    from posbench.runs.code import capture      # not posbench.runs.record: no torch for a version line
+
+    facts = {"version": posbench.__version__, **capture().facts}
+    commit = facts.get("git_commit")
+    code = (f"commit {commit}{', with changes not committed' if facts.get('git_dirty') else ''}" if commit else
+            "not a git checkout: no commit known")
+    return f"posbench {facts['version']} from {Path(posbench.__file__).resolve().parent} ({code})"
+
+
 @app.callback()
 def plugins(modules: list[str] = typer.Option(
         [], "--plugins", metavar="MODULE",
         help="import MODULE (a module name, or a .py file) before the command: its encodings, tasks and methods "
              "register themselves; repeatable or comma-separated; also the environment variable POSBENCH_PLUGINS."
-        )) -> None:
+        ), version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=show_version,
+        help="print the version and the commit posbench was installed from, and exit.")) -> None:
     """Compare positional encodings for transformer LMs."""
     from posbench.registry import add_plugins, plugin_names
 
@@ -84,7 +109,8 @@ def _click_exceptions():
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry: click usage errors also become one line and exit code 2."""
+    """Console-script entry: click usage errors also become one line and exit code 2; an unknown option's line
+    names the options of the command line being read it may have meant (``registry_help.meant``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     usage, exits, aborts = _click_exceptions()
     try:
@@ -94,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             exc.show()
             return 0
         ctx = getattr(exc, "ctx", None)
+        if ctx is not None and getattr(exc, "possibilities", None) is not None and hasattr(exc, "option_name"):
+            exc.possibilities = meant(exc.option_name, exc.possibilities, ctx)       # no such option
         command = f"{ctx.command_path} --help" if ctx is not None else "posbench --help"
         print_error(f"{one_line_text(exc.format_message())} (see '{command}')")
         return 2

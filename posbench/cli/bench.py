@@ -60,6 +60,8 @@ def bench(
         reporter = progress_reporter(quiet)
         outcome = runner.execute(config, out_dir, reporter=reporter, command=["posbench", *sys.argv[1:]])
         out().print(efficiency_table(outcome.record))
+        for line in failures(outcome.record):
+            out().print(line, markup=False, highlight=False)
         out().print(f"-> {outcome.run_dir}")
 
 
@@ -76,6 +78,14 @@ def _lengths_match_batches(given: list, sets: list[str]) -> None:
     lengths, batch = counts.get("lengths"), counts.get("batch")
     if lengths is not None and batch is not None and batch not in (1, lengths):
         raise ConfigError(f"bench: {batch} batch sizes for {lengths} lengths; give one, or one per length")
+
+
+def failures(record) -> list[str]:
+    """Why each cell that did not time failed (its status, ERROR or OOM, is all its row of the table shows): one
+    line each, from the cell's record (``cells.jsonl`` holds the same)."""
+    return [f"{cell['encoding']} ({cell['batch']} x {cell['length']}): {cell['status']}: "
+            f"{cell.get('error') or 'no reason recorded'}"
+            for cell in record.bench["cells"] if cell["status"] != "ok"]
 
 
 def efficiency_table(record) -> Table:

@@ -46,6 +46,8 @@ def check(names: list[str], compiled: bool = typer.Option(True, "--compiled/--no
                 error.message += (f" One of a plugin's? posbench imports a plugin only when told: posbench --plugins "
                                   f"FILE.py check {name} (or POSBENCH_PLUGINS=FILE.py).")
                 raise error
+        for name in wanted:                            # the command line's choices, before any check runs
+            choices_first(name, task=task, preset=preset, encoding=encoding, sets=tuple(sets))
         for name in wanted:
             if name in ENCODINGS:
                 report = check_encoding(name, compiled=compiled, task=task, preset=preset, sets=tuple(sets))
@@ -59,3 +61,46 @@ def check(names: list[str], compiled: bool = typer.Option(True, "--compiled/--no
             failed = failed or not report.passed
     if failed:
         raise typer.Exit(1)
+
+
+def choices_first(name: str, *, task: str | None, preset: str | None, encoding: str | None,
+                  sets: tuple[str, ...]) -> None:
+    """What the command line chose for the run configuration the checks of ``name`` use (``--set``; an encoding's
+    ``-t`` and ``-p``, a task's ``-e``), refused in one line (exit code 2) before any check runs: the whole
+    configuration, when the same run without those choices resolves, and each ``--set`` on its own (its key, its
+    type, its range) in any case. A configuration that fails without them is the contract's to report, as a
+    failed check."""
+    from posbench.checks.learnable import default_task
+    from posbench.checks.outcome import CheckFailed
+    from posbench.encodings import ENCODINGS
+    from posbench.errors import UserError
+    from posbench.runs.config import check_each_set, resolve_run_config, starting_point
+    from posbench.tasks import TASKS
+    from posbench.tasks.presets import presets_of
+
+    if name in ENCODINGS:
+        try:
+            usual = default_task(ENCODINGS.get(name))
+        except CheckFailed:                              # no task gives what it needs: the contract's to say
+            return
+        chosen, plain = (task or usual, name, preset), (usual, name, None)
+    else:
+        smallest = "tiny" if "tiny" in presets_of(TASKS.get(name)) else None
+        chosen, plain = (name, encoding or "rope", smallest), (name, "rope", smallest)
+    if not sets and chosen == plain:
+        return
+    try:
+        resolve_run_config(*chosen, sets=list(sets))
+        return
+    except UserError as exc:
+        refused = exc
+    try:
+        resolve_run_config(*plain)
+    except UserError:                                   # fails without the choices too: each --set still is one's
+        try:
+            starting_point(*chosen)
+        except UserError:
+            return
+        check_each_set(*chosen, sets)
+        return
+    raise refused

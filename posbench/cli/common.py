@@ -80,10 +80,7 @@ def resume_run(run_dir, *, others: bool, dry_run: bool, device: str, reporter):
     if others:
         raise ConfigError("--resume continues a run with its own config; pass only --resume (and optionally --device)")
     if dry_run:
-        from posbench.runs.config import RunConfig
-        from posbench.runs.store import read_config
-
-        show_configs([RunConfig.from_dict(read_config(run_dir)["config"], earlier_values=True)])
+        show_configs([runner.resumed_config(run_dir)])
         if (Path(run_dir) / "result.json").exists():
             err().print(f"{run_dir} has finished: --resume would refuse it", markup=False)
         return None

@@ -79,6 +79,10 @@ def extend_presets_help() -> str:
     return f"Preset: {listing(names)}; 'posbench ls presets' gives each one's steps and time."
 
 
+#: ``ctx.meta`` key: every option's every appearance on the command line, in order (click's parser's)
+ORDER = "posbench.registry_help.order"
+
+
 class SettingFlags(RegistryHelp):
     """A command whose settings are flags (``posbench.cli.setting_flags``): real click options, made for each
     command line from the declarations of the settings it can set (``flag_declarations``: those of a run of the
@@ -108,7 +112,7 @@ class SettingFlags(RegistryHelp):
         raise NotImplementedError
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        from posbench.cli.setting_flags import GIVEN, PARAMS, click_params
+        from posbench.cli.setting_flags import GIVEN, GIVEN_BY, PARAMS, click_params, in_order_given
         from posbench.errors import UserError
 
         chosen = {name: given_value(args, names) for name, names in self.choosers.items()}
@@ -119,20 +123,33 @@ class SettingFlags(RegistryHelp):
         own = {name for param in self.params for name in (*param.opts, *param.secondary_opts)}
         ctx.meta[PARAMS] = click_params(known, renamed, taken=own, short=self.short_flags,
                                        hidden=self.hidden_flags, panel=self.flags_panel)
-        ctx.meta[GIVEN] = []
+        ctx.meta[GIVEN], ctx.meta[GIVEN_BY] = [], []
         try:
             rest = super().parse_args(ctx, args)
         except Exception as exc:        # click's usage errors, told by their public attributes
             if getattr(exc, "ctx", False) is None:          # "requires an argument": the command's, not posbench's
                 exc.ctx = ctx
-            if getattr(exc, "possibilities", None) is not None and hasattr(exc, "option_name"):   # no such option
-                exc.possibilities = meant(exc.option_name, exc.possibilities, self)
-            raise
+            raise                       # (an unknown option's suggestions: posbench.cli.app.main, from ``meant``)
+        in_order_given(ctx, ctx.meta.pop(ORDER, []))     # of two flags of one setting, the one given last
         read = {name: ctx.params.get(name) for name in self.choosers}
         if read != chosen and not ctx.resilient_parsing:
             names = ", ".join(self.choosers[name][-1] for name in read if read[name] != chosen[name])
             ctx.fail(f"give {names} as its own word (--name VALUE or --name=VALUE): the settings flags depend on it")
         return rest
+
+    def make_parser(self, ctx: Any) -> Any:
+        """Click's parser, which also keeps the order of every option's every appearance (``ctx.meta[ORDER]``):
+        click gives its options' callbacks the order of their first appearances only."""
+        parser = super().make_parser(ctx)
+        parse = parser.parse_args
+
+        def parse_args(args: list[str]) -> Any:
+            opts, rest, order = parse(args=args)
+            ctx.meta[ORDER] = list(order)
+            return opts, rest, order
+
+        parser.parse_args = parse_args
+        return parser
 
     def get_params(self, ctx: Any) -> list[Any]:
         from posbench.cli.setting_flags import PARAMS
@@ -140,24 +157,68 @@ class SettingFlags(RegistryHelp):
         return [*super().get_params(ctx), *ctx.meta.get(PARAMS, ())]
 
 
-def meant(name: str, nearest: list[str], command: Any) -> list[str]:
-    """What the unknown option ``name`` may have meant, of click's ``nearest`` spellings: those that begin it
-    (``--output``: ``--out``), else the command's own options whose help names it (``described``), else all."""
-    return [near for near in nearest if name.startswith(near)] or described(name, command) or list(nearest)
+#: the most options an unknown option's suggestion names
+MOST_MEANT = 6
 
 
-def described(name: str, command: Any) -> list[str]:
-    """The command's own options whose help has a word that starts with the unknown option's ``name`` (at least 4
-    letters): ``--results`` is ``--out`` ("Results root directory"), where click's nearest spelling is
-    ``--resume``."""
+def meant(name: str, nearest: list[str], ctx: Any) -> list[str]:
+    """What the unknown long option ``name`` may have meant, of every option of the command line being read (the
+    command's own and the settings flags made for it: ``ctx``'s command's ``get_params``), best first: those whose
+    name begins it or that it begins (``--output``: ``--out``; ``--step``: ``--steps``; ``--warmup``:
+    ``--warmup-ratio`` and ``--warmup-steps``), else those whose words are part of its words or hold them all
+    (``--num-steps``: ``--steps``; ``--seq-len``: ``--max-seq-len``), else those it spells the initials of or
+    that spell its initials (``--learning-rate``: ``--lr``; ``--bs``: ``--batch-size``), else those whose help names
+    it (``described``: ``--results`` is ``--out``, "Results root directory", where click's nearest spelling is
+    ``--resume``), else click's ``nearest`` spellings."""
+    options = long_options(ctx)
+    typed = name.lstrip("-")
+    for related in (begins, shares_words, initials):
+        found = [option for option in options if related(typed, option.lstrip("-"))]
+        if found:
+            return found[:MOST_MEANT]
+    return described(name, ctx) or list(nearest)
+
+
+def long_options(ctx: Any) -> list[str]:
+    """The long options of the command line's command (``--x`` and ``--no-x``), its settings flags too; not those
+    its help hides."""
+    return [name for param in ctx.command.get_params(ctx) if not getattr(param, "hidden", False)
+            for name in (*param.opts, *param.secondary_opts) if name.startswith("--")]
+
+
+def begins(typed: str, option: str) -> bool:
+    """Whether one of the two names begins the other: at a word's end (``lr``, ``lr-rate``), or in at least three
+    letters (``out``, ``output``), so that a one-letter option (extend's ``--r``) begins no word."""
+    short, long = sorted((typed, option), key=len)
+    return short != long and long.startswith(short) and (len(short) >= 3 or long[len(short)] == "-")
+
+
+def shares_words(typed: str, option: str) -> bool:
+    """Whether the words of one of the two names are some of the other's (``steps``, ``num-steps``)."""
+    a, b = set(typed.split("-")) - {""}, set(option.split("-")) - {""}
+    return bool(a) and bool(b) and (a < b or b < a)
+
+
+def initials(typed: str, option: str) -> bool:
+    """Whether one of the two names is the initials of the other's words (``lr``, ``learning-rate``)."""
+    def spelled(words: str, letters: str) -> bool:
+        parts = [w for w in words.split("-") if w]
+        return len(parts) > 1 and "".join(w[0] for w in parts) == letters.replace("-", "")
+    return spelled(typed, option) or spelled(option, typed)
+
+
+def described(name: str, ctx: Any) -> list[str]:
+    """The options of the command line (``ctx``'s command's, its settings flags too) whose help has a word that
+    starts with the unknown option's ``name`` (at least 4 letters): ``--results`` is ``--out`` ("Results root
+    directory")."""
     import re
 
     word = name.lstrip("-").replace("-", " ")
     if len(word) < 4:
         return []
     pattern = re.compile(rf"\b{re.escape(word)}", re.IGNORECASE)
-    return [next(opt for opt in param.opts if opt.startswith("--")) for param in command.params
-            if getattr(param, "help", None) and pattern.search(param.help)
+    return [next(opt for opt in param.opts if opt.startswith("--")) for param in ctx.command.get_params(ctx)
+            if getattr(param, "help", None) and pattern.search(param.help) and not getattr(param, "hidden", False)
             and any(opt.startswith("--") for opt in param.opts)][:3]
 
 

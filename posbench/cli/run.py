@@ -78,6 +78,10 @@ def run(
         names = split_names(encoding) if encoding else [None]
         if encoding is not None and not names:
             raise ConfigError("--encoding is empty")
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:                                   # two identical runs, as --seed 0,0 would be
+            raise ConfigError(f"--encoding {encoding!r}: an encoding is repeated ({', '.join(repeated)}); for more "
+                              f"runs of one encoding: --seeds N")
         # seed-major: every encoding under seed 0, then under seed 1, ... (a stopped sweep stays balanced)
         configs = [resolve_run_config(task, name, preset, seed=s, device=device,
                                       init=str(Path(init)) if init is not None else None,

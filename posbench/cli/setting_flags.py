@@ -2,10 +2,12 @@
 else ``--set train.steps=5``, else ``--set model.steps=5`` (the task's own option first, then train's, then
 model's), and the chosen encoding's options are flags too: ``--theta 500000`` (when no task, train or model setting
 has the name) or ``--rope-theta 500000`` (always; with several encodings it sets that one's only, where ``--theta``
-sets every chosen encoding that declares ``theta``). Nothing is declared here: the flags are made, when the command
-line is read, from the one declaration of each option (``posbench.options``: a task's ``OPTIONS``, ``TrainConfig``'s
-and ``ModelConfig``'s fields), so their names, types, defaults, ranges and help cannot drift from what ``--set``,
-presets and ``posbench ls`` use.
+sets every chosen encoding that declares ``theta``). A flag never changes its meaning with the encodings chosen: one
+that would mean two settings at once (``--fire-init-l`` with ``-e dape,fire``: DAPE's ``fire_init_l`` and FIRE's
+``init_l``) is refused in one line that names the flags and the ``--set`` form that say which. Nothing is declared
+here: the flags are made, when the command line is read, from the one declaration of each option
+(``posbench.options``: a task's ``OPTIONS``, ``TrainConfig``'s and ``ModelConfig``'s fields), so their names, types,
+defaults, ranges and help cannot drift from what ``--set``, presets and ``posbench ls`` use.
 
 Each flag is a real option of the CLI library (``click_params``: typer makes it from a declaration, as it makes a
 command's own), added to the command for one command line (``posbench.cli.registry_help.SettingFlags``), so click
@@ -15,7 +17,8 @@ dashes (``--new_tokens``: the command's ``token_normalize_func``), a true / fals
 1024,8192``). A flag becomes a typed ``Setting`` (section, key, value: read by its option's callback, once, as its
 declaration's type; never text again), applied before the command line's own ``--set`` entries, so the one
 precedence is: declared default < preset < --init model < study < flags < ``--set``. Of a flag given twice, the
-last value counts; different flags come in the order click reads them (the order of their first appearance).
+last value counts, and so of two flags that set one setting (``--theta 1 --rope-theta 2 --theta 3``: 3): the flags
+come in the order of their last appearance on the command line.
 
 A setting's flag is its key with dashes, or its declaration's ``flag`` (bench's timed steps: ``--timed-steps``, as
 ``--steps`` is ``train.steps`` in every command).
@@ -25,11 +28,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 import typer
 
-from posbench.options import Switch
+from posbench.options import Fractions, Switch
 
 if TYPE_CHECKING:                       # (posbench.runs.config imports torch: read when flags are)
     from posbench.runs.config import Setting
@@ -44,33 +47,90 @@ ONE_ENCODING = "encoding:"
 
 def declarations(task_name: str | None, encodings: Iterable[str] = ()) -> dict[str, tuple[str, Any]]:
     """Flag name (dashes) -> (section, its ``Option``), for a run of task ``task_name`` (None: no task chosen yet,
-    train's and model's flags only) with ``encodings`` (names
-    of the task's registry: encodings, or extend's methods; an unknown name is refused by the registry, in one
-    line). An encoding's option is always ``--NAME-KEY``; it is also ``--KEY`` unless that name is taken (a task,
-    train or model setting, or another encoding's ``--NAME-KEY``: DAPE's ``fire_init_l`` is ``--dape-fire-init-l``
-    when FIRE is chosen too) or the chosen encodings that declare it give it different types (DAPE's ``base`` is
-    a name, Sandwich's a number)."""
+    train's and model's flags only) with ``encodings`` (names of the task's registry: encodings, or extend's
+    methods; an unknown name is refused by the registry, in one line). An encoding's option is always
+    ``--NAME-KEY``; it is also ``--KEY`` unless a task, train or model setting has that name (that setting's flag
+    it stays). A flag never changes its meaning with the encodings chosen: a name that means two things at once
+    (DAPE's ``fire_init_l`` and FIRE's ``init_l``, ``--fire-init-l``, with ``-e dape,fire``; DAPE's ``base``, a
+    name, and Sandwich's, a number) is ``AMBIGUOUS``: its option is the one line that refuses it, naming the flags
+    and the ``--set`` form that say which."""
     from posbench.options import declared
 
     owners = section_options(task_name)
-    found: dict[str, tuple[str, Any]] = {}
+    meanings: dict[str, list[tuple[str, str, Any]]] = {}         # flag -> (section, key, option), each meaning
     for section in SECTIONS:
         for key, option in owners[section].items():
-            if not getattr(option, "from_task", False):
-                found.setdefault(flag_name(key, option), (section, option))
+            flag = flag_name(key, option)
+            if not getattr(option, "from_task", False) and flag not in meanings:    # the task's own first
+                meanings[flag] = [(section, key, option)]
     chosen = {name: {key: option for key, option in declared(cls).items()
                      if not getattr(option, "from_task", False)}          # what the task gives is no flag
               for name, cls in encoding_classes(task_name, encodings).items()}
     for name, options in chosen.items():
         for key, option in options.items():
-            found[f"{name}-{key}".replace("_", "-")] = (ONE_ENCODING + name, option)
+            meanings.setdefault(f"{name}-{key}".replace("_", "-"), []).append((ONE_ENCODING + name, key, option))
+    plain: dict[str, list[tuple[str, str, Any]]] = {}           # --KEY -> (encoding, key, option), each
     for name, options in chosen.items():
         for key, option in options.items():
-            flag = key.replace("_", "-")
-            kinds = {type(o[key].default) for o in chosen.values() if key in o}
-            if flag not in found and len(kinds) == 1:     # one meaning: no other setting's name, one type
-                found[flag] = ("encoding", option)
+            plain.setdefault(key.replace("_", "-"), []).append((name, key, option))
+    for flag, owned in plain.items():
+        if flag in meanings and meanings[flag][0][0] in SECTIONS:
+            continue                                  # a task, train or model setting's flag, whatever -e says
+        if len({reading(option) for _, _, option in owned}) == 1:     # every encoding that declares it
+            meanings.setdefault(flag, []).append(("encoding", owned[0][1], owned[0][2]))
+        else:                                                          # one name, two types: two meanings
+            meanings.setdefault(flag, []).extend((ONE_ENCODING + name, key, option) for name, key, option in owned)
+    found = {flag: (owned[0][0], owned[0][2]) for flag, owned in meanings.items() if len(owned) == 1}
+    for flag, owned in meanings.items():
+        if len(owned) > 1:
+            found[flag] = (AMBIGUOUS, Ambiguous(ambiguity(flag, owned, found, chosen),
+                                                all(true_or_false(option) for _, _, option in owned)))
     return found
+
+
+#: the section of a flag that means several settings with the chosen encodings (its option: an ``Ambiguous``)
+AMBIGUOUS = "ambiguous"
+
+
+class Ambiguous(NamedTuple):
+    """What stands for the option of an ``AMBIGUOUS`` flag: the line that refuses it, and whether it is given as
+    ``--name`` / ``--no-name`` (every setting it may mean is true / false) or ``--name VALUE``."""
+
+    refusal: str
+    switch: bool
+
+
+def reading(option: Any) -> tuple:
+    """How a flag's text is read as the option's value: its type (a list's: its items' too), and its limit's own
+    reading (``Switch``: true, false or auto; ``Fractions``)."""
+    default = option.default
+    items = type(default[0]) if isinstance(default, list) and default else None
+    limit = type(option.limit) if isinstance(option.limit, (Switch, Fractions)) else None
+    return type(default), items, limit
+
+
+def ambiguity(flag: str, owned: list[tuple[str, str, Any]], found: dict[str, tuple[str, Any]],
+              chosen: dict[str, dict[str, Any]]) -> str:
+    """The one line that refuses ``--FLAG`` where it means several settings (``owned``: section, key, option;
+    ``chosen``: the encodings' options): each meaning with the flags that give it alone, and the ``--set`` form."""
+    described, sets, flags = [], [], False
+    for section, key, option in owned:
+        if section in SECTIONS:                                    # a task, train or model setting
+            what, alone = f"{section}.{key}", [f for f, (where, o) in found.items() if o is option]
+            sets.append(f"--set {section}.{key}=VALUE")
+        else:
+            declaring = [name for name, options in chosen.items() if key in options]
+            owners = [section.removeprefix(ONE_ENCODING)] if section.startswith(ONE_ENCODING) else declaring
+            what = f"{' and '.join(owners)}'s {key}"
+            alone = [f for f, (where, o) in found.items()
+                     if (where.startswith(ONE_ENCODING) and where.removeprefix(ONE_ENCODING) in owners
+                         and o is chosen[where.removeprefix(ONE_ENCODING)].get(key))
+                     or (where == "encoding" and declaring == owners and o is option)]
+        described.append(what + (f" ({', '.join('--' + f for f in alone)})" if alone else ""))
+        flags = flags or bool(alone)
+    sets.append("--set encoding.KEY=VALUE with that encoding alone in -e")
+    return (f"--{flag} is ambiguous with -e {','.join(chosen)}: it is {' or '.join(described)}; say which with "
+            f"{'those flags, or ' if flags else ''}{', or '.join(sets)}")
 
 
 def section_options(task_name: str | None) -> dict[str, dict[str, Any]]:
@@ -143,6 +203,7 @@ def slurm_declarations() -> dict[str, tuple[str, Any]]:
 #: ``ctx.meta`` keys: the click options made for the command line being read, and the settings it gave
 PARAMS = "posbench.setting_flags.params"
 GIVEN = "posbench.setting_flags.given"
+GIVEN_BY = "posbench.setting_flags.given_by"          # the click option that gave each of them
 
 #: the panel of ``--help`` that lists them (by default)
 PANEL = "Settings"
@@ -167,6 +228,13 @@ def click_params(known: dict[str, tuple[str, Any]], renamed: dict[str, str] | No
     parameters = []
     for flag, (section, option) in known.items():
         if f"--{flag}" in taken or f"--no-{flag}" in taken:
+            continue
+        if section == AMBIGUOUS:                        # given, it is refused (``option``: an ``Ambiguous``)
+            info = OptionInfo(default=None, param_decls=(f"--{flag}/--no-{flag}",) if option.switch else
+                              (f"--{flag}",), callback=refuse(option.refusal), expose_value=False, hidden=True)
+            parameters.append(inspect.Parameter(f"setting_{len(parameters)}", inspect.Parameter.KEYWORD_ONLY,
+                                                default=info,
+                                                annotation=Optional[bool] if option.switch else Optional[str]))
             continue
         key = setting_key(flag, section, renamed)
         where = f"{'encoding' if section.startswith(ONE_ENCODING) else section}.{key}"
@@ -213,7 +281,7 @@ def reader(section: str, key: str, where: str, option: Any):
     """The callback of a flag's option: its value (None: not given) as ``option``'s type, a ``Setting``; a value of
     the wrong type is click's bad parameter (one line, exit code 2)."""
 
-    def read(ctx: typer.Context, value: Any) -> None:
+    def read(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> None:
         from posbench.errors import UserError
         from posbench.runs.config import Setting, typed
 
@@ -226,9 +294,32 @@ def reader(section: str, key: str, where: str, option: Any):
         except UserError as exc:
             raise typer.BadParameter(str(exc)) from None
         ctx.meta.setdefault(GIVEN, []).append(Setting(section, key, value))
+        ctx.meta.setdefault(GIVEN_BY, []).append(param)
         return None
 
     return read
+
+
+def refuse(message: str):
+    """The callback of a flag that is ``AMBIGUOUS`` with the chosen encodings: given, click's bad parameter."""
+
+    def read(value: Any) -> None:
+        if value is not None:
+            raise typer.BadParameter(message)
+        return None
+
+    return read
+
+
+def in_order_given(ctx: Any, order: list[Any]) -> None:
+    """The settings the flags gave (``ctx.meta[GIVEN]``, in the order click processed the flags: each flag's first
+    appearance) put in the order of each flag's last appearance in ``order`` (click's parser's: every appearance of
+    every option), so that of two flags that set one setting the one given last counts (``--theta 1 --rope-theta 2
+    --theta 3``: 3), as of one flag given twice."""
+    settings, params = ctx.meta.get(GIVEN, []), ctx.meta.get(GIVEN_BY, [])
+    last = {id(param): i for i, param in enumerate(order)}
+    ranked = sorted(range(len(settings)), key=lambda i: last.get(id(params[i]), -1) if i < len(params) else -1)
+    ctx.meta[GIVEN] = [settings[i] for i in ranked]
 
 
 def option_names(ctx: Any) -> set[str]:

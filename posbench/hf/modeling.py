@@ -16,10 +16,16 @@ interface of ``posbench.model.generate.KVCache`` over it, so a cached step runs 
 on the left) go through posbench's own padding (``posbench.model.padding``): the ``attention_mask`` columns of
 this call's tokens (the cache keeps those of the earlier ones) and transformers' ``position_ids``, so each row
 decodes as it would alone, for every encoding.
+
+``output_attentions=True`` (or the config's ``output_attentions``) returns the attention weights as Llama's eager
+attention does, one ``[batch, heads, queries, keys]`` tensor per block (per block and pass for a looped model):
+those of posbench's own scores, bias included (``posbench.model.attention.attention_weights``), zero on the keys
+a query does not see; computed only when asked for, so the logits are the same either way.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -147,7 +153,11 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
         view = CacheView(cache, self.model.config.n_layers * self.model.config.depth) if cache is not None else None
         if attention_mask is not None:              # its last columns are this call's tokens; a cache has the rest
             attention_mask = attention_mask[:, -input_ids.shape[1]:]
-        logits = self.model(input_ids, positions=position_ids, cache=view, attention_mask=attention_mask)
+        output_attentions = kwargs.pop("output_attentions", None)
+        if output_attentions is None:
+            output_attentions = bool(getattr(self.config, "output_attentions", False))
+        with attention_weights(self.model, output_attentions) as attentions:
+            logits = self.model(input_ids, positions=position_ids, cache=view, attention_mask=attention_mask)
         if view is not None:
             view.store_positions()
         loss = None
@@ -156,7 +166,8 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
                                                ignore_index=-100)
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
-        return causal_lm_output(loss=loss, logits=logits, cache=cache if use_cache else None)
+        return causal_lm_output(loss=loss, logits=logits, cache=cache if use_cache else None,
+                                attentions=tuple(attentions) if output_attentions else None)
 
     # ---- initialisation (from_pretrained builds on the meta device) ----------------------------------
     @torch.no_grad()
@@ -193,6 +204,25 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
                 self._reference["encoding"] = type(enc)(cfg.n_layers, cfg.n_heads, cfg.head_dim, cfg.d_model,
                                                         cfg.max_seq_len, **cfg.encoding_options)
         return self._reference["encoding"]
+
+
+@contextmanager
+def attention_weights(model: Transformer, wanted: bool):
+    """A list that, while the block runs, receives the attention weights of every attention call of ``model``
+    (``Attention.weights``) when ``wanted``: ``[B, H, Nq, Nk]`` each, one per block (per block and pass for a
+    looped model), as Llama returns them for ``output_attentions=True``; nothing is computed otherwise."""
+    found: list[Tensor] = []
+    if not wanted:
+        yield found
+        return
+    layers = [block.attn for block in model.blocks]
+    for attention in layers:
+        attention.weights = found
+    try:
+        yield found
+    finally:
+        for attention in layers:
+            attention.weights = None
 
 
 class CacheView:

@@ -119,12 +119,27 @@ def eager_attention(q: Tensor, k: Tensor, v: Tensor, bias: Bias, q_pos=None, k_p
 def masked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, visible: Tensor) -> Tensor:
     """Explicit scores, plus the bias, keys where ``visible`` is False masked, softmax, values: scores, bias and
     softmax in float32 at least (a bias is never rounded to a half type)."""
+    return softmax_weights(q, k, bias, visible).to(v.dtype) @ v
+
+
+def softmax_weights(q: Tensor, k: Tensor, bias: Tensor | None, visible: Tensor) -> Tensor:
+    """The weights ``masked_attention`` aggregates the values by ``[B, H, Nq, Nk]``, in float32 at least."""
     dtype = torch.promote_types(q.dtype, torch.float32)      # float32 softmax for half types; float64 stays
     scores = (q @ k.transpose(-2, -1)).to(dtype) / math.sqrt(q.shape[-1])
     if bias is not None:
         scores = scores + bias.to(dtype)
     scores = scores.masked_fill(~visible, float("-inf"))
-    return torch.softmax(scores, dim=-1).to(v.dtype) @ v
+    return torch.softmax(scores, dim=-1)
+
+
+def attention_weights(q: Tensor, k: Tensor, bias: Bias, q_pos: Tensor | None = None, k_pos: Tensor | None = None,
+                      key_mask: Tensor | None = None) -> Tensor:
+    """The attention weights of one call of ``attend`` with these arguments ``[B, H, Nq, Nk]``, in q's dtype: the
+    eager backend's (every backend computes the same weights, up to rounding), zero on every key a query does not
+    see (a later one, a pad). What a Hugging Face model returns for ``output_attentions=True``."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    visible = causal_mask(nq, nk, q.device) if key_mask is None else visible_mask(nq, nk, q.device, key_mask)
+    return softmax_weights(q, k, as_tensor(bias, q, q_pos, k_pos), visible).to(q.dtype)
 
 
 def slot_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, q_slots: Tensor,

@@ -17,6 +17,16 @@ BACKBONE = ("norm", "norm_position", "mlp", "embedding_norm", "head_mlp", "recur
 RENAMED = {"init": "init_scheme"}
 
 
+def check_passes(encoding: str, one_pass: bool, recurrences: int, eval_recurrences: int) -> None:
+    """Refuse an encoding that runs on one pass of the blocks (``PositionalEncoding.one_pass``: TAPE) on a model
+    that runs them more than once: the one line of the run's configuration (``posbench.runs.config``), bench's
+    and the model's own."""
+    if one_pass and max(recurrences, eval_recurrences) > 1:
+        raise OptionError(f"encoding '{encoding}' runs on one pass of the blocks (its state after the last layer is "
+                          f"discarded), not {max(recurrences, eval_recurrences)}: set model.recurrences to 1 and "
+                          f"model.eval_recurrences to 0 or 1")
+
+
 def current_names(model: dict[str, Any]) -> dict[str, Any]:
     """A recorded model section with every renamed setting under its current name."""
     return {RENAMED.get(key, key): value for key, value in model.items()}

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posbench.model.attention import attend, slot_attention
+from posbench.model.attention import attend, attention_weights, slot_attention
 from posbench.model.bias import ScoreBias, table_rows
 from posbench.model.config import ModelConfig
 from posbench.options import OptionError
@@ -76,6 +76,10 @@ class Attention(nn.Module):
         #: called as ``observer(q, k, bias, q_pos, k_pos)`` with what each attention call scores (the analysis of
         #: ``posbench analyze``, posbench.analysis.heads); None in training and evaluation
         self.observer = None
+        #: a list to which each attention call appends its attention weights ``[B, H, Nq, Nk]``
+        #: (``posbench.model.attention.attention_weights``: what a Hugging Face model's ``output_attentions``
+        #: returns, posbench.hf.modeling); None (nothing computed) but while a caller asks for them
+        self.weights: list[Tensor] | None = None
 
     def forward(self, x: Tensor, state: Any, positions: Tensor, pe, cache: LayerCache | None,
                 aligned: bool = False, key_mask: Tensor | None = None):
@@ -109,6 +113,8 @@ class Attention(nn.Module):
         bias = layer_bias(pe, self.layer, state, q, k, q_pos, k_pos)
         if self.observer is not None:
             self.observer(q, k, bias, q_pos, k_pos)
+        if self.weights is not None:
+            self.weights.append(attention_weights(q, k, bias, q_pos, k_pos, key_mask))
         if isinstance(cache, StaticLayerCache) and aligned and isinstance(bias, ScoreBias) and bias.relative:
             with torch.no_grad():                   # what the one-token steps read: built once, here
                 cache.set_table(bias.distance_table(self.n_heads, cache.cache.capacity, q.device))
@@ -117,7 +123,8 @@ class Attention(nn.Module):
 
     def one_step(self, q: Tensor, k: Tensor, v: Tensor, state: Any, positions: Tensor, pe,
                  cache: StaticLayerCache, aligned: bool, key_mask: Tensor | None = None) -> Tensor:
-        """One token against every slot of a static cache: the same shapes at every step, no host read."""
+        """One token against every slot of a static cache: the same shapes at every step, no host read (posbench's
+        compiled decoding, which never records ``weights``)."""
         k, v, k_pos, slot = cache.write_one(k, v, positions)
         q_pos = positions[:1] if shared_rows(positions) else positions
         if aligned and cache.table is not None:     # a relative ScoreBias: one row of its table

@@ -45,13 +45,14 @@ def tied(best: Cell, other: Cell) -> bool:
     return t_two_sided_p(t, max(df, 1.0)) >= ALPHA
 
 
-def mark_best(rows: list[Row], columns: list[str], hib: dict[str, bool]) -> bool:
-    """Mark each column's best cell and the cells tied with it; True when some column had a cell that could be
-    tested against the best (the rule then goes under the table)."""
+def mark_best(rows: list[Row], columns: list[str], hib: dict[str, bool | None]) -> bool:
+    """Mark each column's best cell and the cells tied with it (none in a column whose direction is not known:
+    ``hib`` None); True when some column had a cell that could be tested against the best (the rule then goes
+    under the table)."""
     tested = False
     for name in columns:
         cells = [r.cells[name] for r in rows if r.cells[name].value is not None]
-        if not cells:
+        if not cells or hib.get(name) is None:
             continue
         best = max(cells, key=lambda c: c.value) if hib[name] else min(cells, key=lambda c: c.value)
         for cell in cells:

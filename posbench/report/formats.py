@@ -44,8 +44,9 @@ def fmt_interval(low: float | None, high: float | None) -> str:
     return "-" if low is None or high is None else f"[{fmt_signed(low)}, {fmt_signed(high)}]"
 
 
-def header(name: str, hib: bool) -> str:
-    return f"{name} {'↑' if hib else '↓'}"
+def header(name: str, hib: bool | None) -> str:
+    """A column's header: its name and which way is better (``?``: not known, ``tables.direction_conflicts``)."""
+    return f"{name} {'?' if hib is None else '↑' if hib else '↓'}"
 
 
 def column_header(table: TaskTable, name: str) -> str:

@@ -11,6 +11,12 @@ implied stays in), every setting declared ``changes_results=False`` (``train.thr
 ``preset``, whose content is in the resolved settings. Runs whose settings differ by anything else are never
 pooled: each set of settings gets its own row, labelled with what sets it apart.
 
+The code of the plugins a run loaded (``plugins`` in its record: each one's module and the SHA-256 of its source,
+``posbench.registry.loaded_plugins``) counts as a setting too, ``plugins``, compared as an encoding's options are
+(between rows of one encoding): runs of one name whose plugin code differs (a plugin file edited between them, or
+loaded in one and not the other) are never pooled, each row is labelled with its plugins' hashes, and
+``plugins_note`` says why. Records without ``plugins`` (no plugin loaded) are as they were.
+
 The version of the task that made a run (``task_version``, 1 for records written before versions existed) is
 a setting too, counted only when it is not 1 (so that the runs and fingerprints of version 1 stay as they
 were): runs of two versions of a task are never pooled, and ``versions_note`` says so in one line.
@@ -29,6 +35,9 @@ from posbench.options import SECTIONS
 from posbench.report.comparison import Comparison
 from posbench.runs.record import RunRecord
 
+#: the setting that holds a run's plugins' code (``module`` and the start of its SHA-256, one entry per plugin)
+PLUGINS = "plugins"
+
 
 def settings(comparison: Comparison, run: RunRecord) -> dict[str, Any]:
     """The flattened settings that define what a run computes (see the module docstring). A setting declared
@@ -42,6 +51,8 @@ def settings(comparison: Comparison, run: RunRecord) -> dict[str, Any]:
                 flat[name] = value
     if run.config.task_version != 1:
         flat["task_version"] = run.config.task_version
+    if run.plugins:
+        flat[PLUGINS] = sorted(f"{p.get('module')} {str(p.get('sha256'))[:12]}" for p in run.plugins)
     if run.precision is not None:
         flat["precision"] = run.precision
     if run.init_given:
@@ -61,7 +72,14 @@ def fingerprint(comparison: Comparison, run: RunRecord, *, with_init: bool = Tru
 
 
 def group_key(comparison: Comparison, run: RunRecord) -> str:
-    return json.dumps({"encoding": run.encoding, **settings(comparison, run)}, sort_keys=True, default=str)
+    code = sorted([str(p.get("module")), str(p.get("sha256"))] for p in run.plugins)    # the whole hashes
+    key = {"encoding": run.encoding, **settings(comparison, run), **({"plugin code": code} if code else {})}
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def per_encoding(name: str) -> bool:
+    """A setting compared only between rows of one encoding: the encoding's options, and the plugins' code."""
+    return name.startswith("encoding.") or name == PLUGINS
 
 
 def seed_of(comparison: Comparison, run: RunRecord) -> Any:
@@ -99,15 +117,15 @@ def distinguishing(comparison: Comparison,
     flats = [{"task_version": 1, **held(g[0]), **settings(comparison, g[0])} for g in groups]
     encodings = [str(g[0].encoding) for g in groups]
     keys = sorted({k for f in flats for k in f})
-    varying = [k for k in keys if not k.startswith("encoding.")
+    varying = [k for k in keys if not per_encoding(k)
                and len({json.dumps(f.get(k, "-"), default=str) for f in flats}) > 1]
     apart = []
     for flat, enc in zip(flats, encodings):
         same_enc = [f for f, e in zip(flats, encodings) if e == enc]
-        own = [k for k in keys if k.startswith("encoding.")
+        own = [k for k in keys if per_encoding(k)
                and len({json.dumps(f.get(k, "-"), default=str) for f in same_enc}) > 1]
         apart.append({k: flat.get(k, "-") for k in [*varying, *own]})
-    differing = varying + sorted({k for a in apart for k in a if k.startswith("encoding.")})
+    differing = varying + sorted({k for a in apart for k in a if per_encoding(k)})
     return apart, differing
 
 
@@ -128,6 +146,21 @@ def versions_note(task: str, runs: list[RunRecord]) -> str | None:
         return None
     which = " and ".join(f"version {v} ({n} run{'s' if n != 1 else ''})" for v, n in sorted(counts.items()))
     return f"task '{task}' has runs of {which}: runs of different versions are never pooled"
+
+
+def plugins_note(groups: list[list[RunRecord]]) -> str | None:
+    """One line when rows of one encoding are apart because their runs ran different plugin code."""
+    code: dict[str, set[str]] = {}
+    for group in groups:
+        run = group[0]
+        code.setdefault(str(run.encoding), set()).add(json.dumps(sorted(
+            [str(p.get("module")), str(p.get("sha256"))] for p in run.plugins)))
+    split = sorted(encoding for encoding, kinds in code.items() if len(kinds) > 1)
+    if not split:
+        return None
+    return (f"{', '.join(split)}: runs of different plugin code (the SHA-256 of each plugin's source, "
+            f"or a plugin loaded in some runs only) are never pooled; each row says its plugins' code ('{PLUGINS}'). "
+            f"A plugin edited under the same name is a different encoding: docs/extending.md says how to version one")
 
 
 def label(encoding: str, apart: dict[str, Any]) -> str:

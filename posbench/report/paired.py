@@ -11,6 +11,7 @@ seeds only (perplexity), and a note says so. Each run's per-example scores are r
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import partial
 from typing import Any
@@ -68,7 +69,7 @@ def value_of(run: RunRecord, metric: str) -> float | None:
 
 
 def _core(comparison: Comparison, run: RunRecord) -> dict[str, Any]:
-    return {k: v for k, v in grouping.settings(comparison, run).items() if not k.startswith("encoding.")}
+    return {k: v for k, v in grouping.settings(comparison, run).items() if not grouping.per_encoding(k)}
 
 
 def reference_for(comparison: Comparison, row: Row, refs: list[Row]) -> Row | None:
@@ -113,8 +114,30 @@ def add_differences(comparison: Comparison, table: TaskTable, reference: str) ->
                 if strata not in comparison.bootstraps:
                     comparison.bootstraps[strata] = StratifiedBootstrap(strata)
                 pairing["bootstrap"] = comparison.bootstraps[strata]
-            table.differences.append(DifferenceRow(row.label, metric, table.higher_is_better[metric],
-                                                   paired_difference(a, b, **pairing)))
+            difference = paired_difference(a, b, **pairing)
+            across = sittings(a_runs, b_runs)
+            if across:
+                difference = dataclasses.replace(difference, basis=f"{difference.basis}; {across}")
+            table.differences.append(DifferenceRow(row.label, metric, table.higher_is_better[metric], difference))
     if seeds_only:
         table.notes.append(f"paired across seeds only (no per-example results that rebuild them): "
                            f"{', '.join(m for m in table.columns if m in seeds_only)}")
+
+
+def sittings(a_runs: list[RunRecord], b_runs: list[RunRecord]) -> str | None:
+    """Where a pair of seed-aligned runs ran on different machines (``environment.device_name``) or from different
+    code (the posbench package's tree, ``posbench.package_tree``, where both records have it, else their commits): ``"across machines"``, ``"across commits"`` or both;
+    None when every pair shares both. A difference of such cells holds what the machines' or commits' rounding
+    does too (a 0.2 perplexity gap moved with the CPU in the CPU study)."""
+    machines = commits = False
+    for a, b in zip(a_runs, b_runs):
+        machines |= a.environment.get("device_name") != b.environment.get("device_name")
+        both = "package_tree" in (a.posbench or {}) and "package_tree" in (b.posbench or {})
+        commits |= code_of(a, both) != code_of(b, both)
+    found = [name for name, flag in (("machines", machines), ("commits", commits)) if flag]
+    return f"across {' and '.join(found)}" if found else None
+
+
+def code_of(run: RunRecord, package: bool) -> str | None:
+    facts = run.posbench or {}
+    return facts.get("package_tree") if package else facts.get("git_commit")

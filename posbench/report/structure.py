@@ -53,13 +53,13 @@ class Row:
 class DifferenceRow:
     label: str                            # the row compared with the reference
     metric: str
-    higher_is_better: bool
+    higher_is_better: bool | None        # None: not known (the metric's runs disagree), so no verdict
     difference: Difference
 
     @property
     def verdict(self) -> str:
         d = self.difference
-        if d.low is None or d.high is None or (d.low <= 0 <= d.high):
+        if d.low is None or d.high is None or (d.low <= 0 <= d.high) or self.higher_is_better is None:
             return "-"
         better = (d.estimate > 0) == self.higher_is_better
         return "better" if better else "worse"
@@ -70,7 +70,7 @@ class TaskTable:
     task: str
     primary: str | None
     columns: list[str]
-    higher_is_better: dict[str, bool]
+    higher_is_better: dict[str, bool | None]            # None: not known (tables.direction_conflicts)
     rows: list[Row]
     runs: list[Any] = field(default_factory=list)            # RunRecords
     title: str | None = None              # shown instead of the task name

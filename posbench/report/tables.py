@@ -28,13 +28,14 @@ def build_table(task: str, runs: list[RunRecord], *, by_run: bool = False,
         apart, differing = grouping.distinguishing(comparison, groups)
         rows = [group_row(comparison, group, columns, grouping.label(str(group[0].encoding), a), a)
                 for group, a in zip(groups, apart)]
-        notes = [line for line in [grouping.versions_note(task, runs)] if line]
+        notes = [line for line in [grouping.versions_note(task, runs), grouping.plugins_note(groups)] if line]
         if differing:
             notes.append(f"rows differ in {', '.join(differing)} (besides the encoding); every other setting "
                          "is equal")
         if repeated:
             notes.append(f"{repeated} repeated run(s) of a seed left out (the newest is kept; --by-run lists all)")
-    notes += [line for line in [incomplete_note(runs, columns), improving_note(rows, primary)] if line]
+    notes += [line for line in [incomplete_note(runs, columns), improving_note(rows, primary),
+                                directions_note(runs, columns)] if line]
     if mark_best(rows, columns, hib):
         notes.append(RULE)
     sort_rows(rows, primary, hib)
@@ -45,17 +46,20 @@ def build_table(task: str, runs: list[RunRecord], *, by_run: bool = False,
     return table
 
 
-def metric_columns(runs: list[RunRecord]) -> tuple[list[str], dict[str, bool], str | None]:
+def metric_columns(runs: list[RunRecord]) -> tuple[list[str], dict[str, bool | None], str | None]:
     """The table's columns (the primary metric first, or the task's own order), which way each is better (as the
-    metric registry declares it, else as the run recorded it) and the primary metric."""
+    metric registry declares it, else as the runs recorded it; None for a metric no task declares whose runs
+    disagree: ``direction_conflicts``; such a column is neither ranked nor marked) and the primary metric."""
     primary = next((r.primary_metric for r in runs if r.primary_metric), None)
     columns: list[str] = []
-    hib: dict[str, bool] = {}
+    hib: dict[str, bool | None] = {}
+    conflicts = direction_conflicts(runs)
     for run in runs:
         for name, metric in run.metrics.items():
             if name not in columns:
                 columns.append(name)
-                hib[name] = METRICS.higher_is_better(str(run.task), name, metric.higher_is_better)
+                hib[name] = None if name in conflicts else \
+                    METRICS.higher_is_better(str(run.task), name, metric.higher_is_better)
     if primary in columns:
         columns.remove(primary)
         columns.insert(0, primary)
@@ -64,6 +68,28 @@ def metric_columns(runs: list[RunRecord]) -> tuple[list[str], dict[str, bool], s
     if layout:      # a task's own column order (scrolls: the paper's Table 1, then the score)
         columns = [c for c in layout if c in columns] + [c for c in columns if c not in layout]
     return columns, hib, primary
+
+
+def direction_conflicts(runs: list[RunRecord]) -> dict[str, tuple[int, int]]:
+    """The metrics no task declares (``posbench.evaluation.metrics``) whose runs recorded both directions: name ->
+    (runs saying higher is better, runs saying lower)."""
+    said: dict[str, list[int]] = {}
+    for run in runs:
+        for name, metric in run.metrics.items():
+            if METRICS.find(str(run.task), name) is None:
+                said.setdefault(name, [0, 0])[0 if bool(metric.higher_is_better) else 1] += 1
+    return {name: (higher, lower) for name, (higher, lower) in said.items() if higher and lower}
+
+
+def directions_note(runs: list[RunRecord], columns: list[str]) -> str | None:
+    """The line under a table with columns whose direction its runs disagree on."""
+    conflicts = direction_conflicts(runs)
+    parts = [f"{name} (higher is better in {conflicts[name][0]} run(s), lower in {conflicts[name][1]})"
+             for name in columns if name in conflicts]
+    if not parts:
+        return None
+    return (f"which way is better is not known for {'; '.join(parts)}: no task declares the metric "
+            f"(posbench.evaluation.metrics) and its runs disagree, so its column is neither ranked nor marked")
 
 
 def run_id(run: RunRecord) -> str:
@@ -198,8 +224,8 @@ def group_row(comparison: Comparison, group: list[RunRecord], columns: list[str]
                _train_s(group), list(group), apart)
 
 
-def sort_rows(rows: list[Row], primary: str | None, hib: dict[str, bool]) -> None:
-    if primary is not None and all(primary in r.cells for r in rows):
+def sort_rows(rows: list[Row], primary: str | None, hib: dict[str, bool | None]) -> None:
+    if primary is not None and hib.get(primary) is not None and all(primary in r.cells for r in rows):
         sign = -1 if hib[primary] else 1
         rows.sort(key=lambda r: (r.cells[primary].value is None, sign * (r.cells[primary].value or 0.0), r.label))
     else:

@@ -67,7 +67,8 @@ def grid(headers: Sequence[str], rows: Iterable[Sequence[Text | str]], right_fro
 
 
 def _title(table: TaskTable) -> str:
-    return table.heading + (f"  (sorted by {table.primary})" if table.primary and table.kind == "metrics" else "")
+    ranked = table.primary and table.kind == "metrics" and table.higher_is_better.get(table.primary) is not None
+    return table.heading + (f"  (sorted by {table.primary})" if ranked else "")
 
 
 def _cell(table: TaskTable, row, name: str) -> Text:

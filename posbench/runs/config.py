@@ -279,10 +279,36 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
     ``settings`` in their order (the command line's flags: ``posbench.cli.setting_flags``) -> the ``sets`` text in
     their order (``--set section.key=value`` entries, a study's: each parsed once, here) -> the task's
     adjustments; everything range-checked, and the ``train`` section built into its ``TrainConfig``."""
-    from posbench.tasks.presets import preset_of
-
     if seed is not None and not 0 <= int(seed) <= MAX_SEED:
         raise ConfigError(f"--seed {seed}: a seed must be between 0 and {MAX_SEED} (NumPy's range)")
+    task_cls, preset, source, encoding, encoding_cls, sections, limits = starting_point(task, encoding, preset,
+                                                                                         init, init_flag)
+    given = [*settings, *read_settings(sections, [parse_assignment(item) for item in sets], limits=limits)]
+    apply_settings(sections, given)
+    task_cls.adjust(sections, source)
+    fill_task_context(task_cls, encoding, encoding_cls, sections, {(s.section, s.key) for s in given})
+    checked = check_sections(task_cls, encoding_cls, sections)
+    if logs:
+        from posbench.loggers import validate
+
+        logs = validate(logs)                      # an unknown name or a missing package: one line, now
+    config = RunConfig(task=task, encoding=encoding, preset=preset, task_version=task_cls.version,
+                       label=task_cls.label_for(encoding, source, checked["task"]),
+                       seed=0 if seed is None else int(seed), device=device or "auto",
+                       init=str(init) if init is not None else None, source=source, model=checked["model"],
+                       encoding_options=checked["encoding"], train=checked["train"].to_dict(),
+                       task_options=checked["task"], logs=list(logs))
+    config.training = checked["train"]                  # the TrainConfig check_sections built: the run's own
+    return config
+
+
+def starting_point(task: str, encoding: str | None, preset: str | None, init: str | None = None,
+                   init_flag: str = "--init") -> tuple:
+    """What a run's settings start from, before the command line's: the task's class, the preset's name, the
+    ``--init`` source, the encoding's name and class, the sections (the declared defaults, then the preset's, then
+    the ``--init`` model's) and each section's limits."""
+    from posbench.tasks.presets import preset_of
+
     task_cls = task_class(task)
     preset = preset or task_cls.default_preset
     chosen = preset_of(task_cls, preset)
@@ -305,23 +331,20 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
         sections["train"]["steps"] = 0
     if source is not None:
         models.take_init(sections, source, task_cls.OPTIONS)
-    given = [*settings, *read_settings(sections, [parse_assignment(item) for item in sets], limits=limits)]
-    apply_settings(sections, given)
-    task_cls.adjust(sections, source)
-    fill_task_context(task_cls, encoding, encoding_cls, sections, {(s.section, s.key) for s in given})
-    checked = check_sections(task_cls, encoding_cls, sections)
-    if logs:
-        from posbench.loggers import validate
+    return task_cls, preset, source, encoding, encoding_cls, sections, limits
 
-        logs = validate(logs)                      # an unknown name or a missing package: one line, now
-    config = RunConfig(task=task, encoding=encoding, preset=preset, task_version=task_cls.version,
-                       label=task_cls.label_for(encoding, source, checked["task"]),
-                       seed=0 if seed is None else int(seed), device=device or "auto",
-                       init=str(init) if init is not None else None, source=source, model=checked["model"],
-                       encoding_options=checked["encoding"], train=checked["train"].to_dict(),
-                       task_options=checked["task"], logs=list(logs))
-    config.training = checked["train"]                  # the TrainConfig check_sections built: the run's own
-    return config
+
+def check_each_set(task: str, encoding: str | None, preset: str | None, sets: Sequence[str]) -> None:
+    """Each ``--set`` entry of ``sets`` on its own, for a run of ``task`` and ``encoding`` at ``preset``: its key
+    one of the run's, its value of the key's type and within the key's own range (``posbench check`` asks this
+    before any check runs: a mistake of its ``--set`` is the user's, not the contract's); the first that is not,
+    one line."""
+    *_, sections, limits = starting_point(task, encoding, preset)
+    for item in sets:
+        raw_key, value = parse_assignment(item)
+        (setting,) = read_settings(sections, [(raw_key, value)], limits=limits)
+        where = raw_key if "." in raw_key else f"{setting.section}.{setting.key}"
+        opts.check(where, setting.value, limits.get(setting.section, {}).get(setting.key))
 
 
 def fill_task_context(task_cls: Any, encoding: str | None, encoding_cls: Any, sections: dict[str, dict[str, Any]],
@@ -353,7 +376,8 @@ def fill_task_context(task_cls: Any, encoding: str | None, encoding_cls: Any, se
 def check_sections(task_cls: Any, encoding_cls: Any, sections: dict[str, dict[str, Any]]) -> dict[str, dict]:
     """Every section through its one check, the one Python's constructors make too: ``ModelConfig``'s (the ranges
     and the head split), ``TrainConfig``'s (``train``: the ``TrainConfig`` itself, ``RunConfig.training``), the
-    encoding's (or method's), the task's."""
+    encoding's (or method's) with what it asks of the model (its attention backend; one pass of the blocks for an
+    encoding that runs on one, TAPE), the task's."""
     from posbench.model import ModelConfig
 
     model = opts.resolve("model", model_defaults(), sections["model"], limits_of(model_options()), label="model.")
@@ -362,8 +386,11 @@ def check_sections(task_cls: Any, encoding_cls: Any, sections: dict[str, dict[st
     encoding = encoding_cls.resolve(sections["encoding"]) if encoding_cls is not None else {}
     if encoding_cls is not None:
         from posbench.model.attention import check_encoding_backend
+        from posbench.model.config import check_passes
 
         check_encoding_backend(model["attention"], encoding_cls.name, getattr(encoding_cls, "bias_from_qk", False))
+        check_passes(encoding_cls.name, getattr(encoding_cls, "one_pass", False), model["recurrences"],
+                     model["eval_recurrences"])
     task = task_cls.resolve(sections["task"])
     return {"model": model, "train": train, "encoding": encoding, "task": task}
 
@@ -373,3 +400,52 @@ def with_source(config: RunConfig) -> RunConfig:
     if config.init is not None and config.source is None:
         config.source = resolve_init(config.init)
     return config
+
+
+def check_recorded(config: RunConfig, where: str) -> None:
+    """A recorded configuration (``config.json``, which ``--resume`` runs again) through the checks a new one goes
+    through, each failure one line naming ``where``: its fields of their types, its sections objects holding only
+    settings this posbench declares (a record of a newer posbench may hold others), and every section through
+    ``check_sections`` and the task's ``adjust`` (on copies: the recorded values are what runs)."""
+    import copy
+
+    def refuse(what: str) -> ConfigError:
+        return ConfigError(f"{where}: {what}; it cannot be run again as recorded")
+
+    for name, kinds in (("task", str), ("preset", str), ("label", str), ("device", str),
+                        ("encoding", (str, type(None))), ("init", (str, type(None)))):
+        if not isinstance(getattr(config, name), kinds):
+            raise refuse(f"'{name}' is {getattr(config, name)!r}, not a name")
+    for name, low, high in (("seed", 0, MAX_SEED), ("task_version", 1, None)):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+            raise refuse(f"'{name}' is {value!r}, not a whole number from {low}" + (f" to {high}" if high else ""))
+    if not isinstance(config.logs, list) or not all(isinstance(log, str) for log in config.logs):
+        raise refuse(f"'logs' is {config.logs!r}, not a list of names")
+    if config.source is not None and not isinstance(config.source, InitSource):
+        raise refuse(f"'source' is {str(config.source)[:60]!r}, not the object an --init run records")
+    task_cls = task_class(config.task)
+    if config.task_version != getattr(task_cls, "version", 1):
+        raise refuse(f"it ran version {config.task_version} of task '{config.task}', and this posbench has version "
+                     f"{getattr(task_cls, 'version', 1)} (docs/tasks.md); resume it with the posbench that started it")
+    encoding_cls = (task_cls.model_source.encodings().get(config.encoding) if config.encoding is not None
+                    else None)
+    declared = {"model": model_options(), "train": train_options(),
+                "encoding": opts.declared(encoding_cls) if encoding_cls is not None else {},
+                "task": opts.declared(task_cls)}
+    sections = {}
+    for section, key in RECORDED_SECTIONS.items():
+        values = getattr(config, key)
+        if not isinstance(values, dict):
+            raise refuse(f"'{key}' is {type(values).__name__} {str(values)[:60]}, not an object of settings")
+        unknown = sorted(set(values) - set(declared[section]))
+        if unknown:
+            owner = f" of encoding '{config.encoding}'" if section == "encoding" else ""
+            raise refuse(f"{', '.join(f'{section}.{k}' for k in unknown)} is not a setting{owner} this posbench "
+                         f"declares (a record of a newer posbench, or edited?)")
+        sections[section] = copy.deepcopy(values)
+    try:
+        check_sections(task_cls, encoding_cls, sections)
+        task_cls.adjust(copy.deepcopy(sections), config.source)
+    except ConfigError as exc:
+        raise refuse(str(exc)) from None

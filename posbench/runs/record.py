@@ -7,7 +7,8 @@ reader (``compare``, the figures, the HTML page, ``posbench.results.frame``).
       "schema_version": 2, "run_id": str, "task": str, "encoding": str (the row name: the encoding, or a
       pretrained model's label such as llama+tape), "preset": str, "status": "complete",
       "created": ISO-8601, "finished": ISO-8601, "command": [argv...],
-      "posbench": {"version", "git_commit", "git_dirty"},
+      "posbench": {"version", "git_commit", "git_dirty", "tree", ["base_commit", "patch", "patch_sha256"]},
+      "plugins": [{"module", "file", "sha256"}, ...] (only when plugins were loaded: posbench.registry),
       "environment": {"python", "torch", "platform", "device", "device_name", "threads", "precision"},
       "seeds": {"python", "numpy", "torch", "data", "eval", ...},
       "config": RunConfig.to_dict() (task, encoding, preset, task_version, label, seed, device, init, source,
@@ -33,7 +34,6 @@ without ``config.task_version`` (written before tasks had versions) is read as v
 from __future__ import annotations
 
 import platform
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,12 +42,15 @@ from typing import Any
 from posbench.errors import UserError
 from posbench.evaluation.outcome import Grid, Metric
 from posbench.files import MAX_RESULT_BYTES, atomic_write_json, read_json
+from posbench.runs.code import CodeState, capture
 from posbench.runs.config import RunConfig
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 RESULT_FILE = "result.json"
 REQUIRED_KEYS = ("task", "encoding", "metrics")
+#: the parts of a recorded config (``config.KEY``) that its readers read as objects of settings
+CONFIG_OBJECTS = ("model", "encoding_options", "train", "task_options", "model_config")
 
 
 class ResultError(UserError):
@@ -103,6 +106,7 @@ class RunRecord:
     finished: str | None = None
     command: list[str] = field(default_factory=list)
     posbench: dict[str, Any] = field(default_factory=dict)
+    plugins: list[dict[str, Any]] = field(default_factory=list)    # the code of each plugin loaded (registry)
     predictions: str | None = None
     n_predictions: int = 0
     status: str = "complete"
@@ -143,7 +147,8 @@ class RunRecord:
         return {
             "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "task": self.task, "encoding": self.encoding,
             "preset": self.preset, "status": self.status, "created": self.created, "finished": self.finished,
-            "command": self.command, "posbench": self.posbench, "environment": self.environment,
+            "command": self.command, "posbench": self.posbench,
+            **({"plugins": self.plugins} if self.plugins else {}), "environment": self.environment,
             "seeds": self.seeds, "config": {**self.config.to_dict(), "model_config": self.model_config},
             "model": self.model, "init": self.init, "data": self.data, "training": self.training,
             "timings": vars(self.timings), "metrics": {k: m.to_dict() for k, m in self.metrics.items()},
@@ -185,6 +190,16 @@ def load_record(path: Path | str, *, with_settings: bool = False) -> RunRecord:
     for name, metric in data["metrics"].items():
         if not isinstance(metric, dict) or "value" not in metric:
             raise ResultError(f"{path}: metric '{name}' has no value")
+    plugins = data.get("plugins")
+    if plugins is not None and not (isinstance(plugins, list) and all(
+            isinstance(p, dict) and all(isinstance(p.get(k), (str, type(None))) for k in ("module", "file", "sha256"))
+            for p in plugins)):
+        raise ResultError(f"{path}: 'plugins' is not a list of plugins (module, file, sha256)")
+    config = data.get("config")
+    for key in CONFIG_OBJECTS if isinstance(config, dict) else ():
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise ResultError(f"{path}: config.{key} is {type(config[key]).__name__} {str(config[key])[:60]!r}, "
+                              f"not an object of settings")
     try:
         return _record(data, path.parent, version)
     except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
@@ -216,7 +231,8 @@ def _record(data: dict[str, Any], run_dir: Path, version: int) -> RunRecord:
         environment=dict(data.get("environment") or {}), seeds=dict(data.get("seeds") or {}), model=model,
         init=data.get("init"), data=dict(data.get("data") or {}), evaluation=evaluation,
         created=data.get("created"), finished=data.get("finished"), command=list(data.get("command") or []),
-        posbench=dict(data.get("posbench") or {}), predictions=data.get("predictions"),
+        posbench=dict(data.get("posbench") or {}), plugins=list(data.get("plugins") or []),
+        predictions=data.get("predictions"),
         n_predictions=int(data.get("n_predictions") or 0), status=str(data.get("status", "complete")),
         schema_version=version, path=run_dir)
 
@@ -235,21 +251,6 @@ def _v1_config(config: dict[str, Any]) -> dict[str, Any]:
 
 # ---- provenance ------------------------------------------------------------------------------------------
 
-def git_info() -> dict[str, Any]:
-    """The commit of the posbench source tree, when it is a git checkout."""
-    here = Path(__file__).resolve().parent.parent.parent
-    try:
-        commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=5)
-        if commit.returncode != 0:
-            return {"git_commit": None, "git_dirty": None}
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
-        return {"git_commit": commit.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
-    except (OSError, subprocess.SubprocessError):
-        return {"git_commit": None, "git_dirty": None}
-
-
 def environment_info(device: Any, precision: str) -> dict[str, Any]:
     import torch
 
@@ -260,7 +261,8 @@ def environment_info(device: Any, precision: str) -> dict[str, Any]:
             "precision": precision}
 
 
-def posbench_info() -> dict[str, Any]:
+def posbench_info(state: CodeState | None = None) -> dict[str, Any]:
+    """The version and the code (``posbench.runs.code``: commit, tree, and the patch's name where one was kept)."""
     from posbench import __version__
 
-    return {"version": __version__, **git_info()}
+    return {"version": __version__, **(state if state is not None else capture()).facts}

@@ -23,8 +23,11 @@ import torch
 
 from posbench.evaluation.metrics import METRICS
 from posbench.files import check_name
+from posbench.registry import loaded_plugins
 from posbench.reporters import NullReporter
-from posbench.runs.config import RunConfig, task_class, with_source
+from posbench.runs.config import RECORDED_SECTIONS, RunConfig, check_recorded, earlier_values, task_class, \
+    with_source
+from posbench.runs.code import CodeState, capture
 from posbench.runs.record import RESULT_FILE, ResultError, RunRecord, Timings, environment_info, posbench_info, \
     total_seconds, write_record
 from posbench.runs.store import (CHECKPOINT_DIR, RunLock, new_run_dir, now_iso, read_config, read_phase,
@@ -68,8 +71,8 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
 
     started = time.perf_counter()
     main = ctx.is_main
-    code = posbench_info() if main else {}   # the commit this process imported, read now (a commit made while it
-                                             # trains is not it); only rank 0 writes the record
+    code = capture() if main else CodeState()   # the code this process imported, read now (a commit made while
+                                                # it trains is not it); only rank 0 writes the record and the patch
     reporter = reporter if (reporter is not None and main) else NullReporter()
     task = task_class(config.task)(config)
     task.validate()
@@ -86,6 +89,7 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
         loggers = make_loggers(config, run_dir) if main else []
         if main:
             write_config(run_dir, config, command)
+            code.write_patch(run_dir)
     except BaseException:
         if fresh and main:
             remove_unstarted(run_dir, out_root)
@@ -127,7 +131,8 @@ def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, 
         seeds={**seeds, **task.seeds()},
         model={**model_facts(model, run_dir), **task.finish(model, run_dir)}, init=init_record,
         data=task.data_info(), evaluation=dict(evaluation.info), created=stored.get("created"), finished=now_iso(),
-        command=list(stored.get("command") or command or []), posbench=code,
+        command=list(stored.get("command") or command or []), posbench=posbench_info(code),
+        plugins=loaded_plugins(),
         predictions="predictions.jsonl" if n_predictions else None, n_predictions=n_predictions)
     if fallbacks.note():
         print(fallbacks.note(), file=sys.stderr)
@@ -166,10 +171,13 @@ def run_phases(task: Any, model: Any, run_dir: Path, device: torch.device, repor
             seed_everything(phase.seed)
         checkpoint_dir = run_dir / CHECKPOINT_DIR / ("" if phase.name == "train" else phase.name)
         resume = distributed.run_on_main(lambda: checkpoint_path(checkpoint_dir) is not None)
+        if resume:
+            distributed.run_on_main(lambda: check_checkpoint(run_dir, checkpoint_dir, task.config, model,
+                                                              phase.train))
         trainer = Trainer(model, phase.stream(), phase.train, device=device, checkpoint_dir=checkpoint_dir,
                           resume=resume, callbacks=callbacks, reporter=reporter,
                           seed=task.config.seed, description=f"{task.config.label} {phase.name}", loggers=loggers,
-                          phase=phase.name, probe=phase.probe)
+                          phase=phase.name, probe=phase.probe, settings=run_settings(task.config))
         outcome: dict[str, Any] = {"training": trainer.run().to_dict()}
         if phase.evaluate is not None:
             model.eval()
@@ -183,6 +191,94 @@ def run_phases(task: Any, model: Any, run_dir: Path, device: torch.device, repor
     if initial is not None:
         model.load_state_dict(initial)
     return outcomes
+
+
+def run_settings(config: RunConfig) -> dict[str, Any]:
+    """What a checkpoint keeps of its run's configuration (``run_settings`` in ``train_state.json``), flat
+    (``task``, ``seed``, ``model.d_model``, ``encoding.theta``, ``train.lr``, ``task.train_digits``, ...): all but
+    the device, which ``--resume --device`` may change; and the SHA-256 of each plugin's code (``plugin NAME``)."""
+    flat = {name: getattr(config, name) for name in ("task", "encoding", "label", "task_version", "seed", "init")}
+    for section, key in RECORDED_SECTIONS.items():
+        flat.update({f"{section}.{name}": value for name, value in getattr(config, key).items()})
+    flat.update({f"plugin {plugin['module']}": plugin["sha256"] for plugin in loaded_plugins()})
+    return flat
+
+
+ABSENT = object()      # a setting the run's configuration does not hold
+
+
+def check_checkpoint(run_dir: Path, checkpoint_dir: Path, config: RunConfig, model: Any, train: Any) -> None:
+    """Refuse, in one line, to resume a checkpoint its run's configuration no longer describes (``config.json``
+    edited after the run started): the settings the checkpoint kept (``run_settings``), the model it saved
+    (``model_config.json``, for posbench's own model) and its training settings (``train_config``) must equal the
+    run's, but for the settings that change no result (``changes_results=False``: threads, a batch size of
+    evaluation). A setting the checkpoint lacks (written before the setting existed) is compared at the value
+    runs had before it (``Added``); one without such a value is not compared."""
+    from posbench.files import json_object
+    from posbench.model.config import ModelConfig
+    from posbench.train.checkpoint import CONFIG, STATE
+
+    found = checkpoint_path(checkpoint_dir)
+    state = json_object(found / STATE) or {}
+    before = {f"{section}.{name}": value for section, values in earlier_values(config.encoding, config.task).items()
+              for name, value in values.items()}
+    ignored = settings_changing_nothing(config)
+    pairs = [(state.get("run_settings"), run_settings(config)),
+             (flat_train(state.get("train_config")), flat_train(train.to_dict()))]
+    if isinstance(getattr(model, "config", None), ModelConfig):
+        pairs.append((flat_model(json_object(found / CONFIG)), flat_model(model.config.to_dict())))
+    differing: dict[str, tuple[Any, Any]] = {}
+    for kept, now in pairs:
+        if not isinstance(kept, dict):
+            continue
+        for name in [*kept, *(n for n in now if n not in kept and n in before)]:
+            then = kept[name] if name in kept else before[name]
+            if name not in ignored and name not in differing and (name not in now or now[name] != then):
+                differing[name] = (now.get(name, ABSENT), then)
+    if differing:
+        def show(name: str, value: Any) -> str:
+            if name.startswith("plugin "):          # a plugin's code: the start of its hash, or not loaded now
+                return "not loaded" if value is ABSENT or value is None else str(value)[:12]
+            return "absent" if value is ABSENT else repr(value)
+
+        shown = "; ".join(f"{name} {show(name, now)} now, {show(name, then)} in the checkpoint"
+                          for name, (now, then) in list(differing.items())[:4])
+        more = f" (and {len(differing) - 4} more)" if len(differing) > 4 else ""
+        raise ResultError(f"{run_dir / 'config.json'} (with the plugins loaded now) does not describe the run its "
+                          f"checkpoint {found} holds: {shown}{more}; it was edited after the run started (or a "
+                          f"plugin's code changed), and the checkpoint was trained as it said then. Restore it, or "
+                          f"start a new run with the settings you want")
+
+
+def flat_model(values: Any) -> dict[str, Any] | None:
+    """A model configuration (``ModelConfig.to_dict()``, a checkpoint's ``model_config.json``) flat, named as a
+    run's settings are (``model.d_model``, ``encoding.theta``)."""
+    if not isinstance(values, dict):
+        return None
+    from posbench.model.config import current_names
+
+    flat = {f"model.{k}": v for k, v in current_names(values).items() if k != "encoding_options"}
+    options = values.get("encoding_options")
+    flat.update({f"encoding.{k}": v for k, v in (options.items() if isinstance(options, dict) else ())})
+    return flat
+
+
+def flat_train(values: Any) -> dict[str, Any] | None:
+    return {f"train.{k}": v for k, v in values.items()} if isinstance(values, dict) else None
+
+
+def settings_changing_nothing(config: RunConfig) -> set[str]:
+    """The run's settings declared ``changes_results=False`` (``model.attention``, ``train.threads``, ...), and
+    ``device``: a resume may change them."""
+    from posbench.model.config import ModelConfig
+    from posbench.options import declared
+    from posbench.train.config import TrainConfig
+
+    task_cls = task_class(config.task)
+    encoding_cls = task_cls.model_source.encodings().get(config.encoding) if config.encoding is not None else None
+    owners = {"model": ModelConfig, "train": TrainConfig, "encoding": encoding_cls, "task": task_cls}
+    return {"device", *(f"{section}.{name}" for section, owner in owners.items() if owner is not None
+                        for name, option in declared(owner).items() if not option.changes_results)}
 
 
 def training_record(outcomes: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -226,17 +322,27 @@ def resume(run_dir: Path | str, *, device: str | None = None, reporter: Any = No
     def read() -> RunConfig:
         if (run_dir / RESULT_FILE).exists():
             raise ResultError(f"{run_dir} has already finished (result.json exists); start a new run instead")
-        stored = read_config(run_dir)
-        try:
-            config = RunConfig.from_dict(stored["config"], earlier_values=True)
-        except TypeError as exc:
-            raise ResultError(f"{run_dir / 'config.json'} is not a posbench run config ({exc})") from None
-        for field in ("task", "label"):
-            check_name(getattr(config, field), f"{run_dir / 'config.json'}: the run's {field}", ResultError)
-        return with_source(config)
+        return with_source(resumed_config(run_dir))
 
     with distributed.peers_watched():
         config = distributed.run_on_main(read)
     if device is not None:
         config.device = device
     return execute(config, run_dir.parent.parent.parent, reporter=reporter, callbacks=callbacks, run_dir=run_dir)
+
+
+def resumed_config(run_dir: Path | str) -> RunConfig:
+    """The configuration a run directory's ``config.json`` records, for running it again (``--resume``, and its
+    dry run), checked as a new one is (``runs.config.check_recorded``): one line when it is not one this posbench
+    runs (a setting it does not declare, a section that is not an object, a value out of range)."""
+    run_dir = Path(run_dir)
+    where = run_dir / "config.json"
+    stored = read_config(run_dir)
+    try:
+        config = RunConfig.from_dict(stored["config"], earlier_values=True)
+    except TypeError as exc:
+        raise ResultError(f"{where} is not a posbench run config ({exc})") from None
+    for field in ("task", "label"):
+        check_name(getattr(config, field), f"{where}: the run's {field}", ResultError)
+    check_recorded(config, str(where))
+    return config

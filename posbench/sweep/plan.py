@@ -18,7 +18,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from posbench.sweep.study import Study, StudyError
+from posbench.sweep.study import MAX_NAME_BYTES, Study, StudyError
+from posbench.sweep.text import shown_list
+
+#: the longest cell id: it names the cell's folder
+MAX_ID_BYTES = MAX_NAME_BYTES
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,11 @@ def expand(study: Study) -> list[Cell]:
     ids = [cell.id for cell in linked.values()]
     if len(set(ids)) != len(ids):
         raise StudyError(f"{study.path.name}: two cells would share one id; rename a variant")
+    long = next((cell for cell in linked.values() if len(cell.id.encode()) > MAX_ID_BYTES), None)
+    if long is not None:                              # its folder could not be made: say so before anything runs
+        what = f"variant {shown_list(long.variant)}" if long.variant else "its names"
+        raise StudyError(f"{study.path.name}: cell {shown_list(long.id)} names its folder, and is "
+                         f"{len(long.id.encode())} bytes, over the {MAX_ID_BYTES} of a file name; shorten {what}")
     return sorted(linked.values(), key=lambda c: (seed_order[c.seed], depth[c.task], order[c.task]))
 
 
@@ -137,17 +146,42 @@ def validate(cells: list[Cell]) -> None:
     from posbench.errors import UserError
     from posbench.runs.config import parse_assignment, resolve_run_config
 
-    seen: dict[tuple, None] = {}
+    resolved: dict[tuple, str] = {}
     for cell in cells:
         key = (cell.task, cell.encoding, cell.preset, cell.sets, cell.device)
-        if key in seen:                           # seeds and parents do not change what is checked
+        if key in resolved:                       # seeds and parents do not change what is checked
             continue
-        seen[key] = None
         try:
-            resolve_run_config(cell.task, cell.encoding, cell.preset, seed=cell.seed, device=cell.device,
-                               sets=list(cell.sets))
+            config = resolve_run_config(cell.task, cell.encoding, cell.preset, seed=cell.seed, device=cell.device,
+                                        sets=list(cell.sets))
             for item in cell.sets:
                 parse_assignment(item)
         except UserError as exc:
             raise StudyError(f"cell {cell.id}: {exc}") from None
+        recorded = {k: v for k, v in config.to_dict().items() if k != "seed"}
+        resolved[key] = json.dumps(recorded, sort_keys=True, default=str)
+    no_twins(cells, resolved)
+
+
+def no_twins(cells: list[Cell], resolved: dict[tuple, str]) -> None:
+    """Refuse two cells that would run one configuration (the same resolved settings and seed, from the same
+    parent's): variants that spell one setting two ways (``lr=1e-3``, ``train.lr=0.001``), or give a preset's own
+    value, plan the same run twice. ``resolved``: each cell's configuration (``validate``'s), by its key."""
+    by_id = {cell.id: cell for cell in cells}
+    runs: dict[str, str] = {}
+
+    def run_of(cell: Cell) -> str:
+        if cell.id not in runs:
+            parent = by_id.get(cell.parent) if cell.parent else None
+            key = (cell.task, cell.encoding, cell.preset, cell.sets, cell.device)
+            runs[cell.id] = json.dumps([resolved[key], cell.seed, run_of(parent) if parent else cell.parent])
+        return runs[cell.id]
+
+    first: dict[str, Cell] = {}
+    for cell in cells:
+        twin = first.setdefault(run_of(cell), cell)
+        if twin is not cell:
+            raise StudyError(f"cells {twin.id} and {cell.id} would run one configuration: variants "
+                             f"{shown_list(twin.variant)} and {shown_list(cell.variant)} give the same settings; "
+                             f"drop one, or give it a setting of its own")
 

@@ -56,6 +56,8 @@ MAX_STUDY_BYTES = 1024 * 1024
 MAX_SEEDS = 1000
 MAX_SEED = 2**32 - 1
 MAX_CELLS = 10_000
+#: the longest name of a folder (NAME_MAX): the study's name names one, and each cell's id (``plan.MAX_ID_BYTES``)
+MAX_NAME_BYTES = 255
 
 
 class StudyError(ConfigError):
@@ -143,7 +145,10 @@ def read_study(path: Path | str) -> Study:
         raise StudyError(f"{where}: device must be a string (auto, cpu, cuda), got {device!r}")
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise StudyError(f"{where}: name {name!r}: use letters, digits and _ . = + -")
+        raise StudyError(f"{where}: name {shown_list(name)}: use letters, digits and _ . = + -")
+    if len(name.encode()) > MAX_NAME_BYTES:                 # it names the study's folder (results/NAME)
+        raise StudyError(f"{where}: name {shown_list(name)} is {len(name.encode())} bytes, over the "
+                         f"{MAX_NAME_BYTES} of a file name")
     seeds = seeds_of(raw.get("seeds", 1), where)
     count = len(seeds) * max(1, len(variants)) * sum(len(t.presets) * len(t.encodings) for t in tasks)
     if count > MAX_CELLS:

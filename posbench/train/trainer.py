@@ -118,15 +118,17 @@ class Trainer:
     without a checkpoint, as a kill would. The caller seeds (``seed_everything``) before building the model;
     ``seed`` is only recorded. ``loggers`` receive every log step's loss, learning rate, gradient norm and
     throughput (rank 0 only), under ``phase`` (the runner's phase name: a run of several phases logs each
-    against its own steps). ``probe``: see the module docstring (rank 0 runs it; not with FSDP shards). Under
-    torchrun every process builds a Trainer with the same arguments.
+    against its own steps). ``probe``: see the module docstring (rank 0 runs it; not with FSDP shards).
+    ``settings``: the run's configuration as the runner records it, kept in every checkpoint (``run_settings``)
+    so that a resume can tell whether the run's config still says what trained it. Under torchrun every process
+    builds a Trainer with the same arguments.
     """
 
     def __init__(self, model: nn.Module, stream: Any, cfg: TrainConfig, *, device: torch.device | str = "cpu",
                  checkpoint_dir: Path | None = None, resume: bool = False, loss_fn: LossFn = masked_cross_entropy,
                  callbacks: Sequence[StepCallback] = (), reporter: Any = None, seed: int | None = None,
                  description: str = "train", loggers: Sequence[Any] = (), phase: str = "train",
-                 probe: Probe | None = None):
+                 probe: Probe | None = None, settings: dict[str, Any] | None = None):
         self.ctx = distributed.current()
         self.probe = probe if cfg.probe_every > 0 else None
         if self.probe is not None and self.ctx.enabled and cfg.parallel == "fsdp":
@@ -137,7 +139,7 @@ class Trainer:
         self.checkpoint_dir, self.loss_fn, self.callbacks = checkpoint_dir, loss_fn, list(callbacks)
         self.reporter = reporter if (reporter is not None and self.ctx.is_main) else NullReporter()
         self.loggers = list(loggers) if self.ctx.is_main else []
-        self.description, self.phase = description, phase
+        self.description, self.phase, self.settings = description, phase, settings
         self.precision = resolve_precision(cfg.precision, self.device)
         self.result = TrainResult(device=str(self.device), precision=self.precision, seed=seed,
                                   compile=resolve_compile(cfg.compile, self.device))
@@ -288,7 +290,8 @@ class Trainer:
                     "rng": rngs, "tokens": r.tokens, "target_tokens": r.target_tokens,
                     "loss_history": r.loss_history, "probe_history": r.probe_history, "train_s": r.train_s,
                     "probe_s": r.probe_s, "resumed_from": r.resumed_from,
-                    "final_loss": r.final_loss, "train_config": self.cfg.to_dict(), "batch_plan": self.plan.to_dict()}
+                    "final_loss": r.final_loss, "train_config": self.cfg.to_dict(), "batch_plan": self.plan.to_dict(),
+                    **({"run_settings": self.settings} if self.settings is not None else {})}
         return save_checkpoint(self.checkpoint_dir, self.model, snapshot, optimizer_full, weights=weights)
 
     def _checkpoint_due(self, step: int) -> bool:
