@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from posbench.options import SECTIONS
+
 #: ``RunConfig`` sections (as ``RunConfig.to_dict`` names them) -> the column prefixes
 PREFIXES = {"model": "model", "encoding_options": "encoding", "train": "train", "task_options": "task"}
 
@@ -16,3 +18,20 @@ def cell(value: Any) -> Any:
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in sorted(value.items()))
     return value
+
+
+def resolved(run: Any) -> dict[str, dict[str, Any]]:
+    """The run's settings by section, the model's and the encoding's as the built model used them (the record's
+    ``model_config``: posbench's ``ModelConfig``, or a Hugging Face model's method options)."""
+    sections = {section: dict(run.config.section(section)) for section in SECTIONS}
+    built = run.model_config or {}
+    sections["model"].update({k: v for k, v in built.items() if k in sections["model"]})
+    options = built.get("encoding_options") if "encoding_options" in built else built.get("method_options")
+    if isinstance(options, dict):
+        sections["encoding"].update(options)
+    return sections
+
+
+def flat(run: Any) -> dict[str, Any]:
+    """``resolved(run)`` as one dict of ``section.key`` -> value."""
+    return {f"{section}.{key}": value for section, values in resolved(run).items() for key, value in values.items()}

@@ -37,11 +37,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from posbench.cells import cell
+from posbench.cells import cell, resolved
 from posbench.report.attention import attention_rows
 from posbench.report.by_position import position_rows, probe_rows
 from posbench.evaluation.metrics import METRICS
-from posbench.options import SECTIONS
 
 FIXED_COLUMNS = ["run_id", "task", "encoding", "seed", "preset", "init", "metric", "value", "stderr", "n",
                  "higher_is_better", "primary", "train_s", "finished", "path"]
@@ -110,18 +109,6 @@ def numeric(column) -> bool:
     """Every value that is there is a number (not a bool): the column can be a numeric one."""
     present = [v for v in column if v is not None and v == v]
     return bool(present) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present)
-
-
-def resolved(run: Any) -> dict[str, dict[str, Any]]:
-    """The run's settings by section, the model's and the encoding's as the built model used them (the record's
-    ``model_config``: posbench's ``ModelConfig``, or a Hugging Face model's method options)."""
-    sections = {section: dict(run.config.section(section)) for section in SECTIONS}
-    built = run.model_config or {}
-    sections["model"].update({k: v for k, v in built.items() if k in sections["model"]})
-    options = built.get("encoding_options") if "encoding_options" in built else built.get("method_options")
-    if isinstance(options, dict):
-        sections["encoding"].update(options)
-    return sections
 
 
 def run_rows(run: Any) -> list[dict[str, Any]]:

@@ -77,7 +77,9 @@ GZIP_ABOVE = 256 * 1024
 #: the most publish (and restore.py) reads of a result file, as compare (``posbench.files``): a gzipped file
 #: counts what it inflates to; a cell with a larger one is skipped, with a line saying so
 LIMITS = {"result.json": getattr(posbench_files, "MAX_RESULT_BYTES", 64 * 2**20),
-          "predictions.jsonl": getattr(posbench_files, "MAX_PREDICTIONS_BYTES", 256 * 2**20)}
+          "predictions.jsonl": getattr(posbench_files, "MAX_PREDICTIONS_BYTES", 256 * 2**20),
+          "code.patch": getattr(posbench_files, "MAX_RESULT_BYTES", 64 * 2**20),
+          "analysis.json": getattr(posbench_files, "MAX_RESULT_BYTES", 64 * 2**20)}
 
 
 class PublishError(Exception):

@@ -8,22 +8,11 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from posbench.evaluation.perplexity import evaluate, windows
 from posbench.evaluation.positions import PER_OCTAVE, PositionLoss, bucket_edges, bucket_index
 from posbench.model import ModelConfig, Transformer
-
-
-class Bigram(nn.Module):
-    def __init__(self, vocab=11):
-        super().__init__()
-        torch.manual_seed(0)
-        self.table = nn.Parameter(torch.randn(vocab, vocab))
-
-    def forward(self, tokens):
-        return self.table[tokens]
+from test_perplexity import Bigram      # logits from the previous token alone
 
 
 @pytest.mark.parametrize("length", [1, 2, 12, 13, 64, 256, 2048, 3000])

@@ -24,6 +24,7 @@ import torch
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 from posbench.cli import main
+from test_hf_export import fake_run     # a run directory of a tiny model with large weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,26 +44,6 @@ def one_error(capsys, *argv) -> str:
 
 
 # ---- 11: output_attentions of a posbench export -----------------------------------------------------------------
-
-def fake_run(root: Path, encoding: str, **options) -> Path:
-    """A run directory (config.json, checkpoint, result.json with a byte tokenizer) of a 2-layer model with large
-    weights (init std 0.2: positions matter), as ``posbench run`` writes it, minus the metrics."""
-    from posbench.data.tokenizer import ByteTokenizer
-    from posbench.files import atomic_write_json
-    from posbench.model import ModelConfig, Transformer
-    from posbench.train.checkpoint import save_checkpoint
-
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=259, d_model=32, n_layers=2, n_heads=4, max_seq_len=64,
-                                    encoding=encoding, encoding_options=options, init_std=0.2))
-    run = root / "pretrain" / encoding / "run"
-    run.mkdir(parents=True)
-    atomic_write_json(run / "config.json", {"config": {"task": "pretrain", "encoding": encoding}})
-    save_checkpoint(run / "checkpoint", model, {"step": 0})
-    atomic_write_json(run / "result.json", {"task": "pretrain", "encoding": encoding, "metrics": {},
-                                            "data": {"tokenizer": ByteTokenizer().spec()}})
-    return run
-
 
 def observed(model) -> list[tuple]:
     """What each attention call of the posbench ``Transformer`` ``model`` scores, through its ``observer`` hook."""
@@ -89,7 +70,7 @@ def softmax_of(q, k, bias, q_pos, k_pos) -> torch.Tensor:
 def test_an_exported_alibi_model_returns_its_attention_weights(tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
-    run = fake_run(tmp_path, "alibi")
+    run = fake_run(tmp_path, "alibi", d_model=32)
     code, _, err = cli(capsys, "export", run, tmp_path / "out")
     assert code == 0, err
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), trust_remote_code=True)

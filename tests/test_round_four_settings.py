@@ -18,19 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from posbench.cli import main
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def one_error_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
+from test_one_line_errors import cli, one_error_line
 
 
 def dry(capsys, *argv) -> list[dict]:

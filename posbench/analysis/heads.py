@@ -98,24 +98,25 @@ class HeadStats:
         b, h, rows, n = logits.shape
         masked = logits.masked_fill(~visible, float("-inf"))
         p = torch.softmax(masked, dim=-1)                                             # 0 where not visible
-        n_buckets = self.mass.shape[1]
-        index = torch.where(visible, bucket_of[d], n_buckets).expand(b, h, rows, n)
-        mass = torch.zeros(b, h, rows, n_buckets + 1, dtype=p.dtype, device=p.device).scatter_add_(-1, index, p)
-        self.mass += mass[..., :n_buckets].sum((0, 2)).cpu()
-        self.distance += (p * d).sum(-1).sum((0, 2)).cpu()
         visible_keys = (i[:, 0] + 1).to(p.dtype)                                       # [rows]
         entropy = -torch.special.xlogy(p, p).sum(-1)                                   # [B, H, rows]
         several = visible_keys > 1
         self.entropy += (entropy[..., several] / visible_keys[several].log()).sum((0, 2)).cpu()
         self.first += p[..., 0].sum((0, 2)).cpu()
-        far = (d >= self.train_length) & visible
-        self.beyond += (p * far).sum(-1).sum((0, 2)).cpu()
         mean = logits.masked_fill(~visible, 0.0).sum(-1, keepdim=True) / visible_keys[:, None]
         centred = (logits - mean).masked_fill(~visible, 0.0)
-        by_distance = torch.zeros(b, h, rows, n, dtype=p.dtype, device=p.device)
-        by_distance.scatter_add_(-1, d.expand(b, h, rows, n), centred)
-        self.centred_by_distance += by_distance.sum((0, 2)).cpu()
         self.centred_squares += centred.square().sum((-1, 0, 2)).cpu()
+        # by distance: column t of row i is key i - t (distance t), zero past the first key
+        key_at = i - torch.arange(n, device=p.device)[None, :]                         # [rows, N]
+        reached = (key_at >= 0).to(p.dtype)
+        index = key_at.clamp(min=0).expand(b, h, rows, n)
+        mass = (p.gather(-1, index) * reached).sum((0, 2))                             # [H, N]: mass at distance t
+        self.centred_by_distance += (centred.gather(-1, index) * reached).sum((0, 2)).cpu()
+        distances = torch.arange(n, device=p.device, dtype=p.dtype)
+        self.distance += (mass * distances).sum(-1).cpu()
+        self.beyond += mass[:, self.train_length:].sum(-1).cpu()
+        buckets = torch.zeros(h, self.mass.shape[1], dtype=p.dtype, device=p.device)
+        self.mass += buckets.index_add_(1, bucket_of, mass).cpu()
         self.queries[i[:, 0].cpu()] += b
 
     # ---- the statistics ------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posbench.cells import cell
+from posbench.cells import cell, flat
 from posbench.errors import UserError
 from posbench.evaluation.metrics import METRICS
 from posbench.report.comparison import Comparison
@@ -164,14 +164,11 @@ class Measurer:
             if not side.runs.is_dir():
                 raise ClaimsError(f"claims: no runs folder {side.runs}")
             self._runs[side.runs] = scan_runs(side.runs)[0]
-        from posbench.results import resolved
-
         found = []
         for run in self._runs[side.runs]:
             if run.encoding != side.encoding:
                 continue
-            settings = {f"{section}.{key}": value for section, values in resolved(run).items()
-                        for key, value in values.items()}
+            settings = flat(run)
             if all(key in settings and cell(settings[key]) == cell(value) for key, value in side.where.items()):
                 found.append(run)
         return found
