@@ -106,3 +106,29 @@ def test_load_run_reproduces_the_recorded_perplexity(tree):
     result = evaluate(run.model, run.tokens, run.train_length, "chunks", batch_size=8)
     assert result.perplexity == pytest.approx(run.record.metrics["ppl_1x"].value, rel=1e-6)
     assert isinstance(run.tokens, torch.Tensor) and run.tokens.dtype == torch.long
+
+
+@pytest.mark.parametrize("spoil", ["analysis", "positions", "probe"])
+def test_compare_draws_around_records_not_in_the_shape_posbench_writes(tree, tmp_path, capsys, spoil):
+    """A hand-edited analysis.json, loss-by-position or probe history is left out of the figures, never a
+    traceback: compare still writes the rest."""
+    copy = tmp_path / "tree"
+    shutil.copytree(tree, copy)
+    run = runs(copy)[0]
+    if not (run / ANALYSIS_FILE).exists():
+        assert main(["analyze", str(run), "--tokens", "512"]) == 0
+    if spoil == "analysis":
+        record = json.loads((run / ANALYSIS_FILE).read_text())
+        record["lengths"][0]["rigidity"] = "high"
+        record["lengths"][-1]["mass"] = [[1, 2]]
+        (run / ANALYSIS_FILE).write_text(json.dumps(record))
+    else:
+        record = json.loads((run / "result.json").read_text())
+        if spoil == "positions":
+            record["evaluation"]["results"][0]["by_position"] = {"edges": [0, 1], "nll_sum": "x", "tokens": [1]}
+        else:
+            record["training"]["probe_history"] = [[4, {"nll_1x": "x"}], "junk", [8]]
+        (run / "result.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main(["compare", str(copy), "--plots", str(tmp_path / "figures")]) == 0
+    assert (tmp_path / "figures" / "perplexity_ppl_chunks.png").exists()

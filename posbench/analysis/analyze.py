@@ -36,6 +36,9 @@ def analyze(run_dir: Path | str, factors: list[float] | None = None, tokens: int
                           f"pretrain and perplexity runs)")
     factors = sorted(set(factors or default_factors(loaded)))
     lengths = [int(round(f * loaded.train_length)) for f in factors]
+    if min(lengths) < 2:
+        raise ResultError(f"--factors {min(factors):g}: a window of {min(lengths)} token(s) at the training length "
+                          f"{loaded.train_length}; a window has at least 2")
     too_long = [length for length in lengths if length > len(loaded.tokens)]
     if too_long:
         raise ResultError(f"{run_dir}: its held-out text has {len(loaded.tokens)} tokens, fewer than one window of "

@@ -25,6 +25,44 @@ def write(run_dir: Path | str, record: dict[str, Any], force: bool = False) -> P
 
 
 def read(run_dir: Path | str) -> dict[str, Any] | None:
-    """A run's analysis record, or None without one (or one of a version this posbench does not read)."""
+    """A run's analysis record, or None without one, or with one of a version this posbench does not read or not in
+    the shape ``posbench analyze`` writes (compare then draws nothing of it rather than fail on it)."""
     data = json_object(Path(run_dir) / ANALYSIS_FILE)
-    return data if data is not None and data.get("analysis_version") == ANALYSIS_VERSION else None
+    if data is None or data.get("analysis_version") != ANALYSIS_VERSION:
+        return None
+    return data if well_formed(data) else None
+
+
+def number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def well_formed(data: dict[str, Any]) -> bool:
+    """Every length's statistics are per call and head (lists of equal shape, numbers or null), its edges rising."""
+    lengths, layers = data.get("lengths"), data.get("layers")
+    if not isinstance(lengths, list) or not isinstance(layers, list) or not number(data.get("train_length")):
+        return False
+    for entry in lengths:
+        if not isinstance(entry, dict) or not all(number(entry.get(k)) for k in ("length", "factor", "contexts")):
+            return False
+        edges = entry.get("edges")
+        if not isinstance(edges, list) or not all(isinstance(e, int) for e in edges) or edges != sorted(edges):
+            return False
+        shape = None
+        for stat in STATS:
+            rows = entry.get(stat)
+            if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+                return False
+            if not all(v is None or number(v) for r in rows for v in r):
+                return False
+            found = [len(r) for r in rows]
+            if shape is not None and found != shape:
+                return False
+            shape = found
+        mass = entry.get("mass")
+        if not isinstance(mass, list) or [len(m) if isinstance(m, list) else -1 for m in mass] != shape:
+            return False
+        if not all(isinstance(h, list) and len(h) == len(edges) - 1 and all(number(v) for v in h)
+                   for m in mass for h in m):
+            return False
+    return True
