@@ -57,10 +57,24 @@ def git(repo: Path, *args: str, env: dict[str, str] | None = None, text: bool = 
     return done.stdout.strip() if text else done.stdout
 
 
+#: each checkout's state, read once per process: the code a process runs is what it imported when it started, so a
+#: second run in the same process (``posbench run -e a,b``, a test session) ran the same code
+_CAPTURED: dict[str, CodeState] = {}
+
+
 def capture(repo: Path | None = None) -> CodeState:
-    """The state of the checkout ``repo`` (posbench's own by default) now (see the module docstring); empty facts
-    outside a git checkout."""
+    """The state of the checkout ``repo`` (posbench's own by default; see the module docstring), read the first time
+    this process asks (a copy each time); empty facts outside a git checkout."""
     repo = ROOT if repo is None else repo
+    key = str(Path(repo).resolve())
+    if key not in _CAPTURED:
+        _CAPTURED[key] = read_state(Path(repo))
+    state = _CAPTURED[key]
+    return CodeState(dict(state.facts), state.patch)
+
+
+def read_state(repo: Path) -> CodeState:
+    """The checkout's state now."""
     commit = git(repo, "rev-parse", "HEAD")
     top = git(repo, "rev-parse", "--show-toplevel")
     if not commit or top is None or Path(top).resolve() != Path(repo).resolve():
