@@ -67,32 +67,28 @@ def test_a_claims_files_mistakes_are_one_line(tmp_path, text, words):
     assert words in str(info.value) and "\n" not in str(info.value)
 
 
+def alibi_above_rope(name: str, claim: str, metric: str, runs: Path) -> str:
+    """A claims file's claim that ALiBi's runs in ``runs`` are above RoPE's in ``metric``."""
+    return f"""
+[[claim]]
+id = "{name}"
+claim = "{claim}"
+source = "s"
+number = "n"
+release = "r"
+protocol = "p"
+metric = "{metric}"
+comparisons = [{{above = {{runs = "{runs}", encoding = "alibi"}}, below = {{runs = "{runs}", encoding = "rope"}}}}]
+"""
+
+
 def test_a_comparison_is_compares_paired_difference(tmp_path):
     """On the tiny study fixture (2 encodings x 2 seeds): ALiBi above RoPE in ppl_4x and in passkey accuracy, the
     same estimate and interval as ``compare --against rope`` gives."""
     fixture = ROOT / "tests/fixtures/study/runs"
     path = tmp_path / "claims.toml"
-    path.write_text(f'''
-[[claim]]
-id = "alibi"
-claim = "ALiBi extrapolates better than RoPE"
-source = "s"
-number = "n"
-release = "r"
-protocol = "p"
-metric = "ppl_4x"
-comparisons = [{{above = {{runs = "{fixture}", encoding = "alibi"}}, below = {{runs = "{fixture}", encoding = "rope"}}}}]
-
-[[claim]]
-id = "passkey"
-claim = "ALiBi retrieves better than RoPE"
-source = "s"
-number = "n"
-release = "r"
-protocol = "p"
-metric = "accuracy"
-comparisons = [{{above = {{runs = "{fixture}", encoding = "alibi"}}, below = {{runs = "{fixture}", encoding = "rope"}}}}]
-''')
+    path.write_text(alibi_above_rope("alibi", "ALiBi extrapolates better than RoPE", "ppl_4x", fixture) +
+                    alibi_above_rope("passkey", "ALiBi retrieves better than RoPE", "accuracy", fixture))
     measurer = Measurer()
     tables = report.collect(fixture, against="rope").tables
     for item in load(path):

@@ -34,13 +34,13 @@ every context (``n_queries``):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from posbench.evaluation.positions import bucket_edges, bucket_index
+from posbench.model.attention import attention_logits
 from posbench.model.bias import ScoreBias
 
 BLOCK = 128
@@ -140,15 +140,13 @@ class HeadStats:
 
 def logits_of(q: Tensor, k: Tensor, bias: ScoreBias | Tensor | None, q_pos: Tensor, k_pos: Tensor, start: int,
               end: int) -> Tensor:
-    """The attention logits of queries ``start .. end - 1`` over every key: ``q . k / sqrt(D)`` plus the bias
-    (evaluated for those rows only), in float32 at least, as ``posbench.model.attention`` computes them."""
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    scores = (q[:, :, start:end] @ k.transpose(-2, -1)).to(dtype) / math.sqrt(q.shape[-1])
+    """The attention logits of queries ``start .. end - 1`` over every key, as the model's attention computes them
+    (``posbench.model.attention.attention_logits``), the bias evaluated for those rows only."""
     if isinstance(bias, ScoreBias):
-        scores = scores + bias.materialise(q.shape[1], q_pos[:, start:end], k_pos).to(dtype)
+        bias = bias.materialise(q.shape[1], q_pos[:, start:end], k_pos)
     elif bias is not None:
-        scores = scores + bias[..., start:end, :].to(dtype)
-    return scores
+        bias = bias[..., start:end, :]
+    return attention_logits(q[:, :, start:end], k, bias)
 
 
 def distance_gram(queries: Tensor) -> Tensor:

@@ -15,11 +15,17 @@ ANALYSIS_VERSION = 1
 STATS = ("mean_distance", "entropy", "first_token", "beyond_train", "rigidity")
 
 
-def write(run_dir: Path | str, record: dict[str, Any], force: bool = False) -> Path:
-    """``analysis.json`` in the run directory, written atomically; an earlier analysis is kept unless ``force``."""
+def keep_earlier(run_dir: Path | str, force: bool) -> Path:
+    """The run's ``analysis.json`` path; one line (``ResultError``) when an earlier analysis is there and not ``force``."""
     path = Path(run_dir) / ANALYSIS_FILE
     if path.exists() and not force:
         raise ResultError(f"{path} exists (an earlier analysis); pass --force to replace it")
+    return path
+
+
+def write(run_dir: Path | str, record: dict[str, Any], force: bool = False) -> Path:
+    """``analysis.json`` in the run directory, written atomically; an earlier analysis is kept unless ``force``."""
+    path = keep_earlier(run_dir, force)
     atomic_write_json(path, record)
     return path
 

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from posbench.analysis.analyze import FACTORS, TOKENS, analyze as analyze_run
-from posbench.analysis.record import ANALYSIS_FILE, write
+from posbench.analysis.record import keep_earlier, write
 from posbench.analysis.heads import BLOCK
 from posbench.cli.common import err, out, user_errors
 from posbench.cli.shared_options import Device, Force
@@ -49,8 +49,7 @@ def analyze(
         chosen = parse_factors(factors)
         reporter = RichReporter(err())
         for run_dir in run_dirs:
-            if (run_dir / ANALYSIS_FILE).exists() and not force:
-                write(run_dir, {}, force=False)           # the one-line refusal, before any work
+            keep_earlier(run_dir, force)                   # the one-line refusal, before any work
             bars: dict[int, object] = {}
 
             def progress(length: int, done: int, total: int) -> None:

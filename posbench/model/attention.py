@@ -124,12 +124,15 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, visib
 
 def softmax_weights(q: Tensor, k: Tensor, bias: Tensor | None, visible: Tensor) -> Tensor:
     """The weights ``masked_attention`` aggregates the values by ``[B, H, Nq, Nk]``, in float32 at least."""
-    dtype = torch.promote_types(q.dtype, torch.float32)      # float32 softmax for half types; float64 stays
-    scores = (q @ k.transpose(-2, -1)).to(dtype) / math.sqrt(q.shape[-1])
-    if bias is not None:
-        scores = scores + bias.to(dtype)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    return torch.softmax(attention_logits(q, k, bias).masked_fill(~visible, float("-inf")), dim=-1)
+
+
+def attention_logits(q: Tensor, k: Tensor, bias: Tensor | None) -> Tensor:
+    """The attention logits ``q . k / sqrt(D)`` plus the bias (a tensor), in float32 at least (float32 softmax for
+    half types; float64 stays; a bias is never rounded to a half type), before the causal mask."""
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    logits = (q @ k.transpose(-2, -1)).to(dtype) / math.sqrt(q.shape[-1])
+    return logits + bias.to(dtype) if bias is not None else logits
 
 
 def attention_weights(q: Tensor, k: Tensor, bias: Bias, q_pos: Tensor | None = None, k_pos: Tensor | None = None,

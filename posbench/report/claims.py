@@ -117,13 +117,21 @@ class Outcome:
         return "differs" if expect == "alike" and self.reading in ("supports", "contradicts") else self.reading
 
 
-def load(path: Path | str) -> list[Claim]:
-    """The claims of a claims file, each checked for what the rule needs (one line for what is wrong)."""
-    path = Path(path)
+def parsed(path: Path | str) -> dict[str, Any]:
+    """A claims file's TOML (one line for a file that cannot be read)."""
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ClaimsError(f"{path}: {exc}") from None
+
+
+def load(path: Path | str) -> list[Claim]:
+    """The claims of a claims file, each checked for what the rule needs (one line for what is wrong)."""
+    return claims_in(parsed(path), Path(path))
+
+
+def claims_in(data: dict[str, Any], path: Path) -> list[Claim]:
+    """The claims of a claims file's ``data`` (read from ``path``: sides' folders are relative to it)."""
     claims = []
     for entry in data.get("claim") or []:
         where = f"{path} claim {entry.get('id', '?')!r}"
@@ -258,12 +266,6 @@ def refresh(page_text: str, claims_path: Path, measurer: Measurer | None = None)
         raise ClaimsError(f"the page has no {start.strip()} ... {end} block for {claims_path}")
     head, rest = page_text.split(start, 1)
     _, tail = rest.split(end, 1)
-    return head + start + render(load(claims_path), measurer, release_header(claims_path)) + end + tail
-
-
-def release_header(path: Path | str) -> str:
-    """The claims file's name for the ``release`` column (``release_header``), else ``RELEASE_HEADER``."""
-    try:
-        return str(tomllib.loads(Path(path).read_text()).get("release_header", RELEASE_HEADER))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ClaimsError(f"{path}: {exc}") from None
+    data = parsed(claims_path)
+    header = str(data.get("release_header", RELEASE_HEADER))
+    return head + start + render(claims_in(data, Path(claims_path)), measurer, header) + end + tail

@@ -36,21 +36,23 @@ import numpy as np
 
 from posbench.evaluation.metrics import METRICS, register_metric
 from posbench.evaluation.outcome import Metric
-from posbench.report.by_length import bounded_grid
+from posbench.report.by_length import bounded_grid, by_longer_axis
 from posbench.report.structure import grid_values
 
 EPS, TAU, ABSOLUTE = 0.1, 0.9, 85.6
 LENGTH_TASKS = ("perplexity", "passkey", "ruler", "arithmetic")
-NAMES = ("eff_len", "eff_len_sliding", "eff_len_abs")
 
+#: the metrics this module adds, each with its description (every length task: eff_len; perplexity: eff_len_sliding;
+#: the accuracy tasks: eff_len_abs)
+DECLARED = {
+    "eff_len": "the longest evaluated length (x the training length) up to which the metric stays within the "
+               "tolerance of its trained-length value",
+    "eff_len_sliding": "eff_len of the sliding-window perplexity",
+    "eff_len_abs": "eff_len against RULER's absolute threshold (85.6%) instead",
+}
 for _task in LENGTH_TASKS:
-    for _name, _what in (("eff_len", "the longest evaluated length (x the training length) up to which the metric "
-                                      "stays within the tolerance of its trained-length value"),
-                         ("eff_len_sliding", "eff_len of the sliding-window perplexity"),
-                         ("eff_len_abs", "eff_len against RULER's absolute threshold (85.6%) instead")):
-        if _task == "perplexity" and _name == "eff_len_abs" or _task != "perplexity" and _name == "eff_len_sliding":
-            continue
-        register_metric(_task, _name, better="higher", description=_what)
+    for _name in ("eff_len", "eff_len_sliding" if _task == "perplexity" else "eff_len_abs"):
+        register_metric(_task, _name, better="higher", description=DECLARED[_name])
 
 
 @dataclass(frozen=True)
@@ -231,17 +233,9 @@ def _mean_over_length_grids(run: Any) -> LengthCurve | None:
 
 
 def _operand_lengths(grid: dict[str, Any]) -> LengthCurve | None:
-    """Arithmetic: the accuracy at each longer-operand length (the in-distribution cells pooled at the trained
-    length), as ``posbench.report.by_length`` tabulates it."""
-    values = grid_values(grid)
-    lengths = np.array(grid["axes"][0]["values"], dtype=float)
+    """Arithmetic: the accuracy at each longer-operand length, the in-distribution cells pooled at the trained
+    length: ``posbench.report.by_length``'s columns (``<= T``, then each longer length)."""
     trained = float(grid["meta"]["train_max"][grid["axes"][0]["name"]])
-    longer = np.maximum.outer(lengths, lengths)
-    points = [(trained, longer <= trained)] + [(n, longer == n) for n in sorted(set(longer[longer > trained]))]
-    xs, ys = [], []
-    for length, where in points:
-        cells = values[where]
-        if np.isfinite(cells).any():
-            xs.append(float(length))
-            ys.append(float(np.nanmean(cells)))
-    return _curve(xs, ys, trained, True)
+    columns = by_longer_axis(grid)
+    lengths = [trained if label.startswith("<=") else float(label) for label in columns]
+    return _curve(lengths, list(columns.values()), trained, True)
