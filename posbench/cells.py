@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from posbench.options import SECTIONS
+from posbench.options import RECORDED_SECTIONS, SECTIONS
 
-#: ``RunConfig`` sections (as ``RunConfig.to_dict`` names them) -> the column prefixes
-PREFIXES = {"model": "model", "encoding_options": "encoding", "train": "train", "task_options": "task"}
+#: the fields of a run's record (``RunConfig.to_dict``) -> the column prefixes, their sections
+PREFIXES = {RECORDED_SECTIONS[section]: section for section in SECTIONS}
 
 
 def cell(value: Any) -> Any:

@@ -8,6 +8,7 @@ forever) and a file nested too deep for the JSON parser is unreadable, not a cra
 from __future__ import annotations
 
 import errno
+import gzip
 import hashlib
 import json
 import math
@@ -175,8 +176,6 @@ def plain_or_gzipped(path: Path) -> Path | None:
 
 def read_unzipped(path: Path) -> bytes | None:
     """The bytes of ``path``, or of ``path.gz`` decompressed (``plain_or_gzipped``); None when neither is."""
-    import gzip
-
     found = plain_or_gzipped(path)
     if found is None:
         return None
@@ -192,8 +191,6 @@ def read_jsonl(path: Path, limit: int | None = None, max_rows: int | None = None
     """The JSON lines of ``path``; a ``.gz`` file is read through gzip (a published study's large predictions).
     ``limit``: ``TooLarge`` once the (inflated) text passes that many bytes, read in chunks and no further (neither
     a gzip bomb nor one endless line is ever held whole); ``max_rows``: likewise past that many lines of JSON."""
-    import gzip
-
     gzipped = str(path).endswith(".gz")
     rows: list[Any] = []
 

@@ -1,23 +1,12 @@
-"""Options: every value a user sets (``--set section.key=value``, flags, ``ModelConfig(...)``, encoding, task and
-method options, preset entries) is declared once here, with its default, its valid range and one line of help,
-and is coerced and range-checked by one function, from the command line and from Python alike.
+"""The one vocabulary of settings. Every value a user sets (a flag, ``--set section.key=value``, a preset's entry,
+``ModelConfig(...)``) is declared once as an ``Option`` (default, whose type is the setting's; one line of help;
+``limit``; the facts compare reads) and typed and range-checked here, from the command line and Python alike. An
+encoding, task or method declares ``OPTIONS = {"theta": Option(10000.0, "the rotary base", positive())}``; a
+dataclass (``ModelConfig``, ``TrainConfig``) the same ``Option`` as a field, ``option(...)``. The ideas:
+docs/extending.md.
 
-Declaring options. A class a user configures by name (an encoding, a task, an extension method) is a
-``Configurable`` and lists its options in ``OPTIONS``::
-
-    OPTIONS = {"theta": Option(10000.0, "the rotary base", positive()),
-               "random_offset": Option(False, "shift every position by one random k while training")}
-
-A configuration dataclass (``ModelConfig``, ``TrainConfig``) declares each field with ``option(default, help,
-limit)`` and calls ``check_fields(self, section)`` in its ``__post_init__``. The default's type is the option's
-type; the limit is its valid range: ``Bound`` for numbers, ``OneOf`` for names, ``Each`` for lists, ``Switch``
-for true / false / auto (booleans and free text need none).
-
-``resolve(owner, defaults, given, limits)`` merges ``given`` over the defaults, refusing unknown keys, values of
-the wrong type and values out of range, each with one line (``OptionError``, exit code 2 on the command line).
-
-Spellings accepted, for every owner alike: booleans ``true/false, yes/no, on/off, 1/0`` (any case); integers
-as ``3`` or ``3.0`` (not ``3.5``); floats in any Python spelling; lists as comma-separated text.
+Spellings: booleans ``true/false, yes/no, on/off, 1/0`` (any case); integers ``3`` or ``3.0`` (not ``3.5``); floats
+in any Python spelling; lists comma-separated. Errors are one line (``OptionError``).
 """
 
 from __future__ import annotations
@@ -57,11 +46,8 @@ class Bound:
             return False
         if isinstance(value, float) and not math.isfinite(value):      # (an int is finite, however large)
             return False
-        if self.low is not None and (value <= self.low if self.low_strict else value < self.low):
-            return False
-        if self.high is not None and (value >= self.high if self.high_strict else value > self.high):
-            return False
-        return True
+        return ((self.low is None or (value > self.low if self.low_strict else value >= self.low))
+                and (self.high is None or (value < self.high if self.high_strict else value <= self.high)))
 
     def describe(self) -> str:
         parts = []
@@ -112,14 +98,10 @@ class Each:
 
 @dataclass(frozen=True)
 class Fractions(Each):
-    """``Each`` for a list of numbers that may be whole or not (length factors: ``1,1.5,2``): a whole number is
-    kept as an integer (``2``, as a list of integers has it), a fraction as a float."""
+    """``Each`` for numbers whole or not (``1,1.5,2``): a whole one kept an integer, a fraction a float."""
 
     def parse(self, where: str, value: Any) -> list[int | float]:
-        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)):
-            raise OptionError(f"{where}={value!r}: expected a list (comma-separated)")
-        return [whole_or_fraction(where, item) for item in items]
+        return [whole_or_fraction(where, item) for item in items_of(where, value)]
 
 
 @dataclass(frozen=True)
@@ -149,8 +131,7 @@ Limit = Bound | OneOf | Each | Switch
 # ---- coercion ----------------------------------------------------------------------------------------------
 
 def coerce(where: str, value: Any, default: Any) -> Any:
-    """``value`` (often text from the command line) as the type of ``default``; ``where`` names the option in
-    the error (``train.lr``, ``encoding 'rope' option theta``)."""
+    """``value`` (often text) as the type of ``default``; ``where`` names the option in the error."""
     if value is None or default is None:
         return value
     if isinstance(default, bool):
@@ -165,9 +146,7 @@ def coerce(where: str, value: Any, default: Any) -> Any:
     if isinstance(default, float):
         return _number(where, value, "a number")
     if isinstance(default, (list, tuple)):
-        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)):
-            raise OptionError(f"{where}={value!r}: expected a list (comma-separated)")
+        items = items_of(where, value)
         return [coerce(where, item, default[0]) for item in items] if default else list(items)
     if isinstance(default, str):
         if isinstance(value, str):
@@ -178,24 +157,28 @@ def coerce(where: str, value: Any, default: Any) -> Any:
     raise OptionError(f"{where}={value!r}: expected {type(default).__name__}")
 
 
+def items_of(where: str, value: Any) -> Any:
+    """A list's items: comma-separated text split, a list or tuple as it is."""
+    items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise OptionError(f"{where}={value!r}: expected a list (comma-separated)")
+    return items
+
+
 def whole_or_fraction(where: str, value: Any) -> int | float:
     """A number as an integer when it is whole (``2``, ``"2"``, ``2.0``), else as a float (``1.5``)."""
     number = _exact(where, value, "a number")
     return integer(where, number) if isinstance(number, int) or number.is_integer() else number
 
 
-#: the largest integer an option holds: a 64-bit signed integer's (what NumPy, torch and their files hold)
-MAX_INTEGER = 2**63 - 1
-#: the largest float whose whole numbers are all exact (2**53): an integer written as a larger float may have
-#: changed on the way (``9007199254740993.0`` is read as ...992)
-EXACT_FLOAT = 2**53
+MAX_INTEGER = 2**63 - 1      # a 64-bit signed integer's (what NumPy, torch and their files hold)
+EXACT_FLOAT = 2**53          # beyond it a float's whole numbers are not all exact (9007199254740993.0 is ...992)
 BEYOND_64_BITS = "an integer setting is a 64-bit integer (-2**63 to 2**63 - 1)"
 
 
 def integer(where: str, value: Any) -> int:
-    """``value`` as an integer, exactly: text is read as written (``"9007199254740993"``, ``"3.0"``, ``"1e3"``),
-    never through a float; a float must be whole and at most 2**53 (beyond it a float is not the integer that was
-    written); every integer within a 64-bit integer's range."""
+    """``value`` as an integer, exactly: text read as written (``"9007199254740993"``, ``"1e3"``), never through a
+    float; a float whole and at most 2**53; within a 64-bit integer's range."""
     number = _exact(where, value, "an integer")
     if isinstance(number, float):
         if not number.is_integer():
@@ -210,9 +193,8 @@ def integer(where: str, value: Any) -> int:
 
 
 def _exact(where: str, value: Any, kind: str) -> int | float:
-    """A number as given: an integer (Python's, or text of a whole number in any spelling: ``12``, ``1_000``,
-    ``3.0``, ``1e3``) exactly, anything else as a float; a whole number far beyond 64 bits is refused before it
-    is built (``1e999999999``)."""
+    """A number as given: an integer (or text of a whole number: ``1_000``, ``3.0``, ``1e3``) exactly, else a float;
+    a whole number far beyond 64 bits is refused before it is built (``1e999999999``)."""
     if isinstance(value, bool):
         raise OptionError(f"{where}={value!r}: expected {kind}")
     if isinstance(value, int):
@@ -259,18 +241,22 @@ def check(where: str, value: Any, limit: Limit | None) -> None:
         raise OptionError(f"{where}={value!r} is out of range: it must be {limit.describe()}")
 
 
+def typed(where: str, value: Any, default: Any, limit: Limit | None = None) -> Any:
+    """``value`` as the type of ``default``, or as its limit reads it (``Switch``, ``Fractions``); range unchecked."""
+    return limit.parse(where, value) if isinstance(limit, (Switch, Fractions)) else coerce(where, value, default)
+
+
 def parse(where: str, value: Any, default: Any, limit: Limit | None = None) -> Any:
-    """Coerce, then range-check: the whole treatment of one option."""
-    value = limit.parse(where, value) if isinstance(limit, (Switch, Fractions)) else coerce(where, value, default)
+    """Type, then range-check: the whole treatment of one option."""
+    value = typed(where, value, default, limit)
     check(where, value, limit)
     return value
 
 
 def resolve(owner: str, defaults: dict[str, Any], given: dict[str, Any], limits: dict[str, Limit] | None = None,
             *, label: str | None = None) -> dict[str, Any]:
-    """``given`` over ``defaults``, every value parsed (and the defaults range-checked too). ``owner`` names the
-    set in the unknown-key error (``encoding 'rope'``); ``label`` prefixes each key in value errors (default:
-    ``owner`` + ``option``)."""
+    """``given`` over ``defaults``, every value parsed, the defaults range-checked too. ``owner`` names the set in
+    the unknown-key error; ``label`` prefixes each key in value errors (default: ``owner`` + `` option ``)."""
     unknown = sorted(set(given) - set(defaults))
     if unknown:
         raise OptionError(f"{owner} has no option {', '.join(unknown)}{did_you_mean(unknown[0], defaults)}; "
@@ -296,13 +282,27 @@ def did_you_mean(key: str, known: Any) -> str:
 
 # ---- declarations ------------------------------------------------------------------------------------------
 
-#: the sections of a run's settings, each setting named ``section.key`` (``model.d_model``, ``train.lr``)
+#: the sections of a run's settings, each setting named ``section.key``
 SECTIONS = ("model", "encoding", "train", "task")
+#: the field of a run's record (``RunConfig``, config.json) that holds each section, in the record's order
+RECORDED_SECTIONS = {"model": "model", "train": "train", "encoding": "encoding_options", "task": "task_options"}
+#: another name of a section: extend's ``method.KEY`` is ``encoding.KEY``
+SYNONYMS = {"method": "encoding"}
+#: the section of a setting of one named encoding (``--rope-theta``: ``encoding:rope``), where several are chosen
+ONE_ENCODING = "encoding:"
+
+
+class Setting(NamedTuple):
+    """One typed setting; ``section`` may be ``ONE_ENCODING`` + a name."""
+
+    section: str
+    key: str
+    value: Any
 
 
 class Added(NamedTuple):
-    """A setting added after runs were recorded without it: records of result schema ``schema`` and later that
-    hold it at ``before`` (the value every earlier run had) compare as the records that lack it."""
+    """A setting added later: a record of schema ``schema`` or later holding it at ``before`` (every earlier run's
+    value) compares as the records that lack it."""
 
     schema: int
     before: Any
@@ -310,14 +310,10 @@ class Added(NamedTuple):
 
 @dataclass(frozen=True)
 class Option:
-    """One option: its default (whose type is the option's type), one line of help and its valid range.
-    ``from_task``: only the task can give the value (Abacus's ``digit_ids``, the token ids of the digits): the
-    run configuration fills it from ``Task.encoding_context`` and refuses ``--set`` for it. ``task_optional``: a
-    task may give none (the default then stands; RandPE's ``eval_length_factor``); without it a task that gives
-    none refuses the encoding. ``changes_results``: False for a setting that changes how fast a run goes but not
-    what it computes (threads, a batch size of evaluation): ``compare`` pools runs that differ in it. ``added``:
-    since when the setting exists and the value runs had before (``Added``), for ``compare`` to pool old and
-    new runs of one recipe."""
+    """One option: a default (its type the option's), one line of help, a limit. ``from_task``: only the task gives
+    it (``Task.encoding_context``; Abacus's ``digit_ids``), never ``--set``; ``task_optional``: a task may give none
+    (the default stands). ``changes_results``: False where it changes speed, not results (compare pools runs
+    differing in it). ``added``: see ``Added``."""
 
     default: Any
     help: str
@@ -326,12 +322,9 @@ class Option:
     task_optional: bool = False
     changes_results: bool = True
     added: Added | None = None
-    #: the command-line flag's name where it is not the key's (bench's ``steps``, the timed steps, is
-    #: ``--timed-steps``: ``--steps`` is ``train.steps`` in every command); ``--set`` always takes the key
-    flag: str = ""
+    flag: str = ""      # the flag's name where not the key's (bench's timed ``steps``: ``--timed-steps``)
 
     def describe(self) -> str:
-        """The valid range in words (``any`` for an option without one)."""
         if self.limit is not None:
             return self.limit.describe()
         return "true or false" if isinstance(self.default, bool) else "any"
@@ -339,8 +332,7 @@ class Option:
 
 def option(default: Any, help: str, limit: Limit | None = None, *, changes_results: bool = True,
            added: Added | None = None) -> Any:
-    """A dataclass field that is an option (``ModelConfig``, ``TrainConfig``): the same facts as ``Option``,
-    read back by ``declared``."""
+    """A dataclass field that is an ``Option`` (``ModelConfig``, ``TrainConfig``), read back by ``declared``."""
     return dataclasses.field(default=default, metadata={"option": Option(default, help, limit,
                                                                          changes_results=changes_results,
                                                                          added=added)})
@@ -354,8 +346,7 @@ def declared(owner: Any) -> dict[str, Option]:
 
 
 def check_fields(instance: Any, section: str) -> None:
-    """Coerce and range-check every ``option`` field of a dataclass instance in place (errors name
-    ``section.key``): what ``ModelConfig(n_layers=-1)`` and ``--set model.n_layers=-1`` both go through."""
+    """Type and range-check a dataclass's ``option`` fields in place (errors name ``section.key``)."""
     options = declared(type(instance))
     values = resolve(section, {k: o.default for k, o in options.items()},
                      {k: getattr(instance, k) for k in options}, {k: o.limit for k, o in options.items() if o.limit},
@@ -365,15 +356,12 @@ def check_fields(instance: Any, section: str) -> None:
 
 
 class Configurable:
-    """A class a user configures by name: an encoding, a task, an extension method. Subclasses set ``kind``
-    (what the errors call it), ``name`` and ``OPTIONS``; ``resolve(given)`` is the one check of a set of options
-    (types, ranges, then ``check_options`` for constraints between them)."""
+    """A class configured by name (an encoding, a task, a method): ``kind``, ``name``, ``OPTIONS``."""
 
     kind: ClassVar[str] = "owner"
     name: ClassVar[str] = ""
     OPTIONS: ClassVar[dict[str, Option]] = {}
-    #: how a value error names an option: None gives ``<kind> '<name>' option KEY``, ``"task."`` gives ``task.KEY``
-    option_label: ClassVar[str | None] = None
+    option_label: ClassVar[str | None] = None     # a value error's name of KEY: None, "<kind> '<name>' option KEY"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -389,13 +377,10 @@ class Configurable:
         return {key: o.default for key, o in cls.OPTIONS.items()}
 
     @classmethod
-    def limits(cls) -> dict[str, Limit]:
-        return {key: o.limit for key, o in cls.OPTIONS.items() if o.limit is not None}
-
-    @classmethod
     def resolve(cls, given: dict[str, Any]) -> dict[str, Any]:
-        """``given`` over the defaults, each value coerced and range-checked, then ``check_options``."""
-        resolved = resolve(f"{cls.kind} '{cls.name}'", cls.defaults(), given, cls.limits(), label=cls.option_label)
+        """``given`` over the defaults, typed and range-checked, then ``check_options``."""
+        limits = {key: o.limit for key, o in cls.OPTIONS.items() if o.limit is not None}
+        resolved = resolve(f"{cls.kind} '{cls.name}'", cls.defaults(), given, limits, label=cls.option_label)
         cls.check_options(resolved)
         return resolved
 

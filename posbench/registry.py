@@ -3,13 +3,20 @@
 A class registers itself when it is defined (``__init_subclass__`` in ``encodings/base.py``, ``tasks/base.py``,
 ``hf/methods.py``), so what matters is that its module is imported. That happens in one of three ways:
 
-1. a file dropped into the package's folder (``posbench/encodings/``, ``posbench/tasks/``): the folder's
-   ``__init__`` imports every module and sub-folder in it (``import_folder``);
+1. a file dropped into the package's folder (``posbench/encodings/``, ``posbench/tasks/``): the registry imports
+   every module and sub-folder in it (``import_folder``) the first time it is asked for a name the catalog does not
+   know, or for all its names;
 2. an entry point of a group such as ``posbench.encodings``, declared by an installed package: loaded the first
    time the registry is read;
 3. a module named by ``--plugins MODULE`` (a module name, or the path of a ``.py`` file) or by the environment
    variable ``POSBENCH_PLUGINS`` (several, comma-separated): imported the first time any registry is read
    (``load_plugins``), before the entry points.
+
+Registries load lazily. ``posbench/catalog.py`` (generated from the classes, ``posbench.catalog_build``) says which
+module defines each built-in name, so ``REGISTRY[name]`` imports that module alone; listing every name imports every
+module of the folder. What needs no class (``posbench ls``'s listings, the facts ``compare`` reads from the
+declarations) reads the catalog and imports nothing, unless a class beyond it may be registered
+(``beyond_catalog``: a plugin named, an entry point, a file dropped into a folder, a class defined in this process).
 
 A plugin that cannot be imported is one line (``PluginError``). What identifies the code of each plugin imported
 (``loaded_plugins``: its module, its file and the SHA-256 of its source, read when it is imported) goes into the
@@ -31,8 +38,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
+from posbench import catalog
 from posbench.errors import UserError
 
 T = TypeVar("T")
@@ -216,10 +224,11 @@ class Registry(Mapping[str, type], Generic[T]):
         for an encoding; the encodings import the model)."""
         self.kind = kind
         self.entry_point_group = entry_point_group
-        self.package = package
+        self.package = package or (KINDS[kind].package if kind in KINDS else None)
         self._classes: dict[str, type] = {}
         self._origins: dict[str, str] = {}
-        self._plugins_loaded = False
+        self._plugins_loaded = False          # plugins and entry points
+        self._all_loaded = False              # and every module of the package's folder
 
     def add(self, name: str, cls: type, origin: str = "built-in") -> None:
         if not name or not isinstance(name, str):
@@ -255,7 +264,15 @@ class Registry(Mapping[str, type], Generic[T]):
         return self._origins[name]
 
     def get(self, name: str) -> type:  # type: ignore[override]
+        """The class of ``name``: a built-in one's module is imported alone (the catalog names it); any other name
+        imports the package's whole folder first."""
         self._load_plugins()
+        if name not in self._classes:
+            module = built_in_module(self.kind, name)
+            if module is not None:
+                importlib.import_module(module)
+        if name not in self._classes:
+            self._load_all()
         try:
             return self._classes[name]
         except KeyError:
@@ -265,24 +282,40 @@ class Registry(Mapping[str, type], Generic[T]):
         return self.get(name)
 
     def __iter__(self) -> Iterator[str]:
-        self._load_plugins()
+        self._load_all()
         return iter(sorted(self._classes))
 
     def __len__(self) -> int:
-        self._load_plugins()
+        self._load_all()
         return len(self._classes)
 
     def __contains__(self, name: object) -> bool:
         self._load_plugins()
+        if name not in self._classes and isinstance(name, str) and built_in_module(self.kind, name) is not None:
+            return True
+        if name not in self._classes:
+            self._load_all()
         return name in self._classes
+
+    def _load_all(self) -> None:
+        """Every class: the plugins, the entry points and every module of the package's folder."""
+        self._load_plugins()
+        if self._all_loaded:
+            return
+        self._all_loaded = True
+        try:
+            if self.package is not None:
+                package = importlib.import_module(self.package)
+                import_folder(self.package, package.__path__)
+        except Exception:
+            self._all_loaded = False
+            raise
 
     def _load_plugins(self) -> None:
         if self._plugins_loaded:
             return
         self._plugins_loaded = True          # first: a plugin's module reads the registry while it is imported
         try:
-            if self.package is not None:
-                importlib.import_module(self.package)
             load_plugins()
             self._load_entry_points()
         except Exception:
@@ -310,6 +343,65 @@ class Registry(Mapping[str, type], Generic[T]):
                 self.add(name, cls, origin=f"plugin ({dist})")
             else:
                 self._origins[name] = f"plugin ({dist})"
+
+
+# ---- what the catalog knows, and what lies beyond it --------------------------------------------------------
+
+class Kind(NamedTuple):
+    """Where a kind of class is registered: the module that defines its registry (``attribute``), the package whose
+    folder holds the built-in ones (None: no folder), its entry-point group and its table in ``posbench.catalog``."""
+
+    module: str
+    attribute: str
+    package: str | None
+    entry_point_group: str | None
+    table: str
+
+
+KINDS = {"encoding": Kind("posbench.registry", "ENCODINGS", "posbench.encodings", "posbench.encodings", "ENCODINGS"),
+         "task": Kind("posbench.tasks.base", "TASKS", "posbench.tasks", "posbench.tasks", "TASKS"),
+         "method": Kind("posbench.hf.methods", "METHODS", None, None, "METHODS")}
+
+
+def built_in(kind: str) -> dict[str, dict]:
+    """The catalog's entries of a kind: name -> its module, description, defaults and facts."""
+    return getattr(catalog, KINDS[kind].table)
+
+
+def built_in_module(kind: str, name: str) -> str | None:
+    entry = built_in(kind).get(name) if kind in KINDS else None
+    return entry["module"] if entry is not None else None
+
+
+def registry_of(kind: str) -> Registry:
+    """The registry of a kind, every class in it (importing the modules that register them: torch)."""
+    where = KINDS[kind]
+    registry = getattr(importlib.import_module(where.module), where.attribute)
+    registry._load_all()
+    return registry
+
+
+def beyond_catalog(kind: str) -> bool:
+    """Whether a class of ``kind`` the catalog does not describe may be registered: a plugin is named
+    (``POSBENCH_PLUGINS``, ``--plugins``), an entry point of its group is installed, a module not shipped lies in
+    its folder, or a class this process defined (a notebook's, a test's) is registered. Then the registry itself
+    must be read; else the catalog says everything."""
+    where = KINDS[kind]
+    if plugin_names(os.environ.get(PLUGINS_VARIABLE)) or _loaded_plugins:
+        return True
+    if where.entry_point_group is not None and entry_points(group=where.entry_point_group):
+        return True
+    if where.package is not None:
+        spec = importlib.util.find_spec(where.package)
+        shipped = catalog.SHIPPED[where.package]
+        if any(not i.name.startswith("_") and i.name not in shipped
+               for i in pkgutil.iter_modules(spec.submodule_search_locations or [])):
+            return True
+    defined = sys.modules.get(where.module)
+    registry = getattr(defined, where.attribute, None) if defined is not None else None
+    known = built_in(kind)
+    return registry is not None and any(name not in known or cls.__module__ != known[name]["module"]
+                                        for name, cls in registry._classes.items())
 
 
 #: the positional encodings: ``posbench.encodings`` registers the built-in ones when it is imported (at the first

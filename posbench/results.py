@@ -37,10 +37,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from posbench.cells import cell, resolved
 from posbench.report.attention import attention_rows
 from posbench.report.by_position import position_rows, probe_rows
 from posbench.evaluation.metrics import METRICS
+from posbench.runs.store import scan_runs
 
 FIXED_COLUMNS = ["run_id", "task", "encoding", "seed", "preset", "init", "metric", "value", "stderr", "n",
                  "higher_is_better", "primary", "train_s", "finished", "path"]
@@ -49,8 +52,6 @@ FIXED_COLUMNS = ["run_id", "task", "encoding", "seed", "preset", "init", "metric
 def frame(path: Path | str):
     """Every finished run under ``path`` (a results tree, or one run directory) as a tidy DataFrame: one row per
     run and metric, its settings as columns."""
-    from posbench.runs.store import scan_runs
-
     runs, _ = scan_runs(Path(path))
     return frame_of(runs)
 
@@ -78,9 +79,6 @@ def attention_frame(path: Path | str):
 
 
 def _rows_frame(path: Path | str, rows_of):
-    import pandas as pd
-    from posbench.runs.store import scan_runs
-
     runs, _ = scan_runs(Path(path))
     rows = [{"run_id": run.run_id, "task": run.task, "encoding": run.encoding, "seed": run.seed, "path": str(run.path),
              **row} for run in runs for row in rows_of(run)]
@@ -89,8 +87,6 @@ def _rows_frame(path: Path | str, rows_of):
 
 def frame_of(runs: list[Any]):
     """``frame`` of run records already read (``posbench.runs.store.scan_runs``)."""
-    import pandas as pd
-
     rows = [row for run in runs for row in run_rows(run)]
     columns = FIXED_COLUMNS + sorted({k for row in rows for k in row} - set(FIXED_COLUMNS))
     df = pd.DataFrame(rows, columns=columns)

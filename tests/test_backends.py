@@ -17,6 +17,7 @@ import torch
 import posbench.model.attention as attention
 from posbench.model.attention import BACKENDS, BackendError, attend, resolve_backend, valid_backends
 from posbench.model.bias import ScoreBias
+from posbench.model.config import BACKEND_NAMES
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 from encoding_helpers import BUILTIN, CONTEXTUAL, assert_close, score_bias_of, seeded, tiny, tokens
@@ -336,3 +337,9 @@ def test_attend_tells_auto_the_size_of_a_materialised_bias_per_layer(monkeypatch
     attend(q, k, v, score, "auto", q_pos=shared[:, 4:], k_pos=shared)   # the model's own positions: one row
     attend(q, k, v, score, "auto", q_pos=per_row[:, 4:], k_pos=per_row)  # positions per row: materialised per row
     assert seen == [3 * 5 * 9, 4 * 3 * 5 * 9, 3 * 5 * 9, 4 * 3 * 5 * 9]
+
+
+def test_the_model_configs_backend_names_are_the_registered_backends():
+    """``ModelConfig.attention``'s choices are declared without importing the attention (``BACKEND_NAMES``, so a
+    record is read without torch); each names a registered backend function and each function a choice."""
+    assert sorted(BACKENDS) == sorted(BACKEND_NAMES)

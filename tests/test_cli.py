@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from posbench import catalog
 from posbench.cli import main
 from posbench.tasks.presets import presets_of
 
@@ -36,6 +37,10 @@ def test_ls_presets_is_readable_at_80_columns_and_shows_the_expected_time(capsys
     small = presets_of(TASKS["arithmetic"])["small"]
     monkeypatch.setitem(small, "expected", {"seconds": 300, "hardware": "2-core CPU", "how": "measured"})
     monkeypatch.delitem(presets_of(TASKS["passkey"])["tiny"], "expected", raising=False)     # shown as "-"
+    # 'ls presets' reads the catalog (no torch): the same changes there
+    monkeypatch.setitem(catalog.TASKS["arithmetic"]["presets"]["small"], "expected",
+                        {"seconds": 300, "hardware": "2-core CPU", "how": "measured"})
+    monkeypatch.delitem(catalog.TASKS["passkey"]["presets"]["tiny"], "expected", raising=False)
     monkeypatch.setenv("COLUMNS", str(width))
     code, out, _ = run_cli(capsys, "ls", "presets")
     assert code == 0

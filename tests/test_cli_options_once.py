@@ -8,6 +8,7 @@ import ast
 from collections import Counter, defaultdict
 from pathlib import Path
 
+import click
 import typer
 
 import posbench.cli
@@ -46,8 +47,9 @@ def test_a_shared_option_reads_the_same_in_every_command():
     """Built as the app builds it: every command's --quiet, --set, --dry-run, ... has one help, one default, one
     set of names (the help ``run`` and ``extend`` fill from the registries is filled only when shown)."""
     seen: dict[str, dict[tuple, list[str]]] = defaultdict(lambda: defaultdict(list))
-    commands = typer.main.get_command(app).commands
-    for command_name, command in commands.items():
+    group = typer.main.get_command(app)
+    for command_name in group.list_commands(click.Context(group)):
+        command = group.get_command(click.Context(group), command_name)
         for param in command.params:
             for name in param.opts:
                 if name.startswith("--"):

@@ -1,6 +1,6 @@
 """compare's walk holds no state between compares (issue 50, item 8): what one compare reads once (the ``--init``
-records, the per-example scores, the lines to say) lives in the ``Comparison`` it builds, not in module caches
-that someone must remember to clear."""
+records in its ``reading``; the per-example scores, the lines to say in the ``Comparison`` it builds), not in
+module caches that someone must remember to clear."""
 
 from __future__ import annotations
 
@@ -27,16 +27,20 @@ def test_each_compare_reads_the_tree_afresh(tmp_path):
     assert perplexity.rows[0].seed == "0/3"
 
 
-def test_a_comparison_reads_each_init_record_once(tmp_path):
-    base = make_run(tmp_path, "pretrain", "rope", 0, {"val_ppl": 5.0})
-    run = make_run(tmp_path, "perplexity", "rope", 0, {"ppl_1x": 6.0}, init=str(base))
-    from posbench.runs.record import RESULT_FILE, load_record
+def test_a_reading_reads_each_init_record_once(tmp_path):
+    """compare's first step reads each --init record once: the runs started from one run share its record, and
+    the next reading reads it afresh."""
+    from posbench.report.reading import read
 
-    comparison = Comparison()
-    first = comparison.parent(load_record(run / RESULT_FILE))
-    assert first is not None and first.seed == 0
-    assert comparison.parent(load_record(run / RESULT_FILE)) is first
-    assert Comparison().parent(load_record(run / RESULT_FILE)) is not first
+    base = make_run(tmp_path / "pre", "pretrain", "rope", 0, {"val_ppl": 5.0})
+    make_run(tmp_path / "runs", "perplexity", "rope", 0, {"ppl_1x": 6.0}, init=str(base))
+    make_run(tmp_path / "runs", "perplexity", "rope", 1, {"ppl_1x": 6.5}, init=str(base))
+    reading = read(tmp_path / "runs")
+    first, second = (reading[run].parent for run in reading.runs)
+    assert first is not None and first.seed == 0 and second is first
+    assert sorted(reading[run].seed for run in reading.runs) == ["0/0", "1/0"]
+    again = read(tmp_path / "runs")
+    assert again[again.runs[0]].parent is not first
 
 
 def test_no_report_module_keeps_state_at_module_level():

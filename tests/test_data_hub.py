@@ -136,9 +136,11 @@ def test_a_hub_data_set_without_validation_split_holds_out_a_slice(monkeypatch):
     import datasets
 
     from posbench.data import hub_env, sources
+    from posbench.data import tokenizer as data_tokenizer
+    from posbench.hf import loading as hf_loading
     from posbench.tasks.scrolls import data as scrolls_data
 
-    for module in (hub_env, sources, scrolls_data):        # each holds the name it imported
+    for module in (hub_env, sources, scrolls_data, data_tokenizer, hf_loading):  # each holds the name it imported
         monkeypatch.setattr(module, "hub_offline", lambda: False)
     monkeypatch.setattr(datasets, "get_dataset_split_names", lambda repo, config=None, **k: ["train"])
     rows = [{"text": f"doc {i}", "id": i} for i in range(45)]

@@ -8,9 +8,11 @@ from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
 from posbench.cli import main
 from posbench.data import DataError, hub, hub_env, sources
+from posbench.data import tokenizer as data_tokenizer
 from posbench.data.hub_errors import explain, kind_of
 from posbench.data.sources import open_source
 from posbench.data.splits import check_splits
+from posbench.hf import loading as hf_loading
 from posbench.tasks.scrolls import data as scrolls_data
 
 
@@ -41,7 +43,7 @@ def wrapped(inner: BaseException, message: str) -> OSError:
 
 @pytest.fixture()
 def online(monkeypatch):
-    for module in (hub_env, sources, scrolls_data):        # each holds the name it imported
+    for module in (hub_env, sources, scrolls_data, data_tokenizer, hf_loading):  # each holds the name it imported
         monkeypatch.setattr(module, "hub_offline", lambda: False)
 
 

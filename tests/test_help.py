@@ -93,6 +93,7 @@ def test_the_synopses_name_every_option_of_every_command_and_no_other():
     import re
     from pathlib import Path
 
+    import click
     import typer
 
     from posbench.cli.app import app
@@ -105,7 +106,9 @@ def test_the_synopses_name_every_option_of_every_command_and_no_other():
         start = re.match(r"posbench (\w+)", line)
         current = start.group(1) if start else current
         shown.setdefault(current, set()).update(re.findall(r"--[a-z][a-z-]*", line))
-    for name, command in typer.main.get_command(app).commands.items():
+    group = typer.main.get_command(app)
+    for name in group.list_commands(click.Context(group)):
+        command = group.get_command(click.Context(group), name)
         takes = {o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")} - {"--help"}
         assert shown.get(name) == takes, (name, sorted(takes ^ shown.get(name, set())))
 

@@ -317,7 +317,7 @@ def test_a_preset_written_as_a_string_or_with_an_unknown_section_names_what_is_v
         load_presets(str(bad), "copy")
     odd = tmp_path / "odd.toml"
     odd.write_text("[tiny]\nmodels = { d_model = 32 }\n")
-    with pytest.raises(ConfigError, match=r"unknown sections \['models'\]; valid: model, train, task, encoding, "
+    with pytest.raises(ConfigError, match=r"unknown sections \['models'\]; valid: model, encoding, train, task, "
                                           r"expected, extends"):
         load_presets(str(odd), "copy")
 

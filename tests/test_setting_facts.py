@@ -1,6 +1,6 @@
 """A setting's facts live on its declaration (issue 50, item 5): whether it changes what a run computes
 (``Option(changes_results=False)``) and since when it exists with the value runs had before (``added``);
-compare's grouping reads them from there (``posbench.report.setting_facts``), for a plugin's declaration too."""
+compare's grouping reads them from there (``posbench.setting_facts``), for a plugin's declaration too."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from posbench.encodings import ENCODINGS
 from posbench.encodings.alibi import ALiBi
 from posbench.errors import ConfigError
 from posbench.options import Added, Option, at_least
-from posbench.report.setting_facts import SettingFacts, declared_facts, facts_of
+from posbench.setting_facts import SettingFacts, declared_facts, facts_of
 from test_compare import make_run
 
 #: the sets report/grouping.py wrote out by hand before they moved onto the declarations (and task.probe_tokens,

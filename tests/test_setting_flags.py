@@ -4,11 +4,12 @@ CLI library, which reads them (issue 50, item 3)."""
 
 from __future__ import annotations
 
-import typer
+import click
 import pytest
+import typer
 
 from posbench.cli.app import app
-from posbench.cli.setting_flags import click_params, declarations, given, renamed_keys
+from posbench.cli.setting_flags import click_params, declarations, given
 from posbench.errors import ConfigError
 from posbench.options import declared
 from posbench.tasks import TASKS
@@ -21,10 +22,16 @@ SHARED_NAMES = {
 }
 
 
+def commands() -> dict:
+    """Every command of ``posbench``, built (the group builds a command when it is called for)."""
+    group = typer.main.get_command(app)
+    ctx = click.Context(group)
+    return {name: group.get_command(ctx, name) for name in group.list_commands(ctx)}
+
+
 def command_line(command: str, *args: str):
     """The context of ``posbench COMMAND ARGS`` once click has read it (nothing run)."""
-    cli = typer.main.get_command(app).commands[command]
-    return cli.make_context(command, list(args))
+    return commands()[command].make_context(command, list(args))
 
 
 def flags_of(command: str, *args: str) -> list:
@@ -43,7 +50,7 @@ def one_error(capsys, *argv: str) -> str:
 def test_no_command_declares_a_setting_again():
     every = {f"--{name}" for task in TASKS for name in declarations(task)}
     shared = set()
-    for name, command in typer.main.get_command(app).commands.items():
+    for name, command in commands().items():
         for param in command.params:
             shared |= {(name, opt) for opt in param.opts if opt in every}
     assert shared == set(SHARED_NAMES)
@@ -55,10 +62,11 @@ def test_bench_flags_are_the_tasks_train_and_model_declarations():
     known = declarations("bench")
     bench = Bench
     for key, option in declared(bench).items():
-        assert known[option.flag or key.replace("_", "-")] == ("task", option)   # the same object: one declaration
+        assert known[option.flag or key.replace("_", "-")] == ("task", key, option)   # the one declaration
     assert known["timed-steps"][0] == "task" and known["steps"][0] == "train"     # --steps: train.steps everywhere
-    assert known["threads"] == ("train", declared(TrainConfig)["threads"])
-    helps = {param.opts[0]: param.help for param in click_params(known, renamed_keys("bench"))}
+    assert known["threads"] == ("train", "threads", declared(TrainConfig)["threads"])
+    assert known["timed-steps"][1] == "steps"                            # the key its flag's name is not
+    helps = {param.opts[0]: param.help for param in click_params(known)}
     for key, option in declared(bench).items():
         assert helps[f"--{option.flag or key.replace('_', '-')}"].startswith(f"{option.help} (task.{key}, default ")
 
@@ -167,8 +175,8 @@ def test_every_option_of_every_encoding_is_a_flag_of_its_run():
             if option.from_task:                      # Abacus's digit ids, RandPE's evaluation length: the task's
                 assert f"{name}-{key}".replace("_", "-") not in known
                 continue
-            assert known[f"{name}-{key}".replace("_", "-")] == (f"encoding:{name}", option)   # the one declaration
-            section, owner = known[key.replace("_", "-")]
+            assert known[f"{name}-{key}".replace("_", "-")] == (f"encoding:{name}", key, option)   # the one
+            section, _, owner = known[key.replace("_", "-")]
             assert (section == "encoding") == (owner is option)      # the plain name: this option, or another's
 
 
@@ -378,8 +386,7 @@ def test_the_sweep_refuses_slurm_flags_for_a_local_run_and_misspellings(tmp_path
     (["run", "-t", "arithmetic", "-e", "rope", "--no-checkpointing=true"],
      "Option '--no-checkpointing' does not take a value."),
     (["run", "-t", "arithmetic", "-e", "rope", "--vocab-size", "300"], "No such option: --vocab-size"),
-    (["run", "-qt", "arithmetic", "-e", "rope", "--train-digits", "3"], "No such option: --train-digits"),
-    (["run", "-qt", "arithmetic", "-e", "rope"], "give --task as its own word"),      # the flags depend on it
+    (["run", "-t", "-e", "rope"], "unknown task '-e'"),                    # -t takes -e as its value, as click does
     (["bench", "--set", "batch=1,2,3", "--lengths", "1,2"], "bench: 3 batch sizes for 2 lengths"),
     (["extend", "--model", "x", "--method", "tape", "--set", "length=128"], "extend needs --data"),
 ])
@@ -412,3 +419,16 @@ def test_the_sweep_takes_its_flags_before_or_after_the_study_file(tmp_path, caps
                                                                            "--executor", "slurm"]):
         assert main(["sweep", *argv, "--dry-run"]) == 0
         assert "slurm: partition gpu" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [
+    ["-qt", "arithmetic", "-e", "rope"],                        # -q -t arithmetic, read by click
+    ["-tarithmetic", "--encoding=rope"],
+    ["--lr", "-1e-3", "-t", "arithmetic", "-e", "rope"],           # a negative value is no short option
+    ["--task", "perplexity", "-e", "alibi", "--task", "arithmetic", "-e", "rope"],   # the last, as click keeps
+])
+def test_what_decides_the_flags_is_read_by_click(args):
+    """The task and encodings that decide the flags are read by click's own parser, in a first, resilient parse,
+    however the words spell them."""
+    ctx = command_line("run", *args, "--train-digits", "3", "--theta", "7")
+    assert [s for s in given(ctx) if s.section != "train"] == [("task", "train_digits", 3), ("encoding", "theta", 7.0)]

@@ -44,12 +44,17 @@ from typing import Any
 import torch
 
 from posbench.bench import speed
+from posbench.encodings import ENCODINGS
 from posbench.errors import ConfigError
 from posbench.evaluation.outcome import Evaluation
 from posbench.files import append_jsonl, write_jsonl
+from posbench.model import ModelConfig, Transformer
+from posbench.model.attention import check_encoding_backend
+from posbench.model.config import check_passes
 from posbench.options import Each, OneOf, Option, at_least
 from posbench.tasks.base import Runnable
 from posbench.tasks.model_source import OWN
+from posbench.train.device import device_name, resolve_compile, resolve_precision
 
 BASELINE = "rope"
 MODES = ("train", "forward", "decode")
@@ -111,8 +116,6 @@ class Bench(Runnable):
 
     @classmethod
     def adjust(cls, sections, source) -> None:
-        from posbench.encodings import ENCODINGS
-
         task = sections["task"]
         repeated = sorted({e for e in task["encodings"] if e and task["encodings"].count(e) > 1})
         if repeated:
@@ -120,9 +123,6 @@ class Bench(Runnable):
                               f"whether named or not)")
         names = [e for e in task["encodings"] if e] or sorted(ENCODINGS)
         task["encodings"] = list(dict.fromkeys([BASELINE, *names]))      # ratios are to RoPE: always, first
-        from posbench.model.attention import check_encoding_backend
-        from posbench.model.config import check_passes
-
         context = cls.encoding_context(task)
         for name in task["encodings"]:
             encoding = ENCODINGS.get(name)          # unknown names: one line, before anything runs
@@ -153,8 +153,6 @@ class Bench(Runnable):
 
     # ---- measuring ---------------------------------------------------------------------------------------
     def evaluate(self, model, device: torch.device, reporter: Any, phases: dict) -> Evaluation:
-        from posbench.train.device import device_name, resolve_precision
-
         o = self.opts
         if torch.is_autocast_enabled(device.type):
             raise RuntimeError("bench ran inside autocast: each step enters its own, and a surrounding "
@@ -205,8 +203,6 @@ class Bench(Runnable):
         return cells
 
     def compiled(self, device: torch.device) -> bool:
-        from posbench.train.device import resolve_compile
-
         return resolve_compile(self.config.training.compile, device)
 
     def compile_options(self, device: torch.device) -> dict[str, Any] | None:
@@ -234,9 +230,6 @@ class Bench(Runnable):
 
     def prepare(self, cell: Cell, device: torch.device, precision: str) -> Callable[[], float] | None:
         """Build the cell's model and its step (recording its size); None if that fails (recorded in the cell)."""
-        from posbench.encodings import ENCODINGS
-        from posbench.model import ModelConfig, Transformer
-
         o, train = self.opts, self.config.training
         rounds = o["warmup"] + o["steps"]
         try:

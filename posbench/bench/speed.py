@@ -31,6 +31,11 @@ from typing import Any
 
 import torch
 
+from posbench.data.batch import Batch
+from posbench.model.generate import Decoder
+from posbench.train.device import autocast
+from posbench.train.trainer import Trainer
+
 #: dense bf16 tensor-core peaks (TFLOP/s, no sparsity), matched against ``torch.cuda.get_device_name()``;
 #: the first matching entry wins
 PEAK_TFLOPS: list[tuple[tuple[str, ...], float, str]] = [
@@ -148,9 +153,6 @@ def train_step(model, length: int, batch: int, device: torch.device, train: Any,
     """One optimizer step of the engine's ``Trainer`` per call; returns its milliseconds. ``compile_options``
     (when given): the model compiled as the engine does (``torch.compile`` of the module), with these options.
     ``train``: the run's ``TrainConfig``, its recipe kept and its schedule made the timed one's."""
-    from posbench.data.batch import Batch
-    from posbench.train.trainer import Trainer
-
     tokens = random_tokens(model.config.vocab_size, batch, length + 1, device)
     data = Batch(tokens[:, :-1], tokens[:, 1:], target_count=batch * length)
     cfg = dataclasses.replace(train, steps=rounds, batch_size=batch, grad_accum=1, checkpoint_every=0,
@@ -171,8 +173,6 @@ def train_step(model, length: int, batch: int, device: torch.device, train: Any,
 
 def forward_step(model, length: int, batch: int, device: torch.device, precision: str,
                  compile_options: dict[str, Any] | None = None) -> Callable[[], float]:
-    from posbench.train.device import autocast
-
     model.eval()
     runner = torch.compile(model, **compile_options) if compile_options is not None else model
     tokens = random_tokens(model.config.vocab_size, batch, length, device)
@@ -190,9 +190,6 @@ def decode_step(model, length: int, batch: int, device: torch.device, precision:
                 compile_options: dict[str, Any] | None, new_tokens: int) -> Callable[[], float]:
     """Prefill untimed, then ``new_tokens`` single-token steps with a static cache; returns ms per token. The
     same cache (emptied) and, when compiled, the same compiled step serve every call."""
-    from posbench.model.generate import Decoder
-    from posbench.train.device import autocast
-
     model.eval()
     decoder = Decoder(model, compile_options if compile_options is not None else False)
     prompt = random_tokens(model.config.vocab_size, batch, length, device)

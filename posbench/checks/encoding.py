@@ -18,6 +18,12 @@ import torch
 from posbench.checks.learnable import check_learnable
 from posbench.checks.options import check_options
 from posbench.checks.outcome import CheckFailed, Report
+from posbench.encodings import ENCODINGS
+from posbench.model import ModelConfig, Transformer
+from posbench.model.attention import FLEX_AVAILABLE
+from posbench.runs.config import resolve_run_config
+from posbench.tasks import TASKS
+from posbench.tasks.presets import presets_of
 
 SHAPE = dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=16, init_std=0.2)
 #: the arithmetic releases' depth-recurrent class (docs/encodings.md, "Backbones"), at two recurrences of the blocks
@@ -34,8 +40,6 @@ def check_encoding(name: str, *, compiled: bool = True, task: str | None = None,
     check, which traces two training steps with dynamo: about a second on a CPU), then whether each learned
     position parameter can learn within ``task``'s ``preset`` budget (``posbench.checks.learnable``), that run
     configuration changed by ``sets`` (``--set``: the encoding's options, the budget, the model's shape)."""
-    from posbench.encodings import ENCODINGS
-
     cls = ENCODINGS.get(name)
     report = Report(f"encoding '{name}'")
     context, vocab = task_context(cls)
@@ -75,10 +79,6 @@ def task_context(cls: Any) -> tuple[dict[str, Any], int]:
     """The options only a task can give, from the first task that gives them all, and that task's vocabulary."""
     if not cls.task_context:
         return {}, VOCAB
-    from posbench.runs.config import resolve_run_config
-    from posbench.tasks import TASKS
-    from posbench.tasks.presets import presets_of
-
     for name in TASKS:
         task = TASKS[name]
         context = task.encoding_context(task.defaults())
@@ -92,10 +92,6 @@ def task_context(cls: Any) -> tuple[dict[str, Any], int]:
 def build(name: str, options: dict[str, Any], vocab: int, attention: str, seed: int = 0,
           backbone: dict[str, Any] | None = None):
     """The tiny model (``backbone``: model settings over the default decoder's, as ``RECURRENT``)."""
-    from posbench.model import ModelConfig, Transformer
-
-    from posbench.encodings import ENCODINGS
-
     torch.manual_seed(seed)
     options = {**ENCODINGS.get(name).deterministic_options, **options}
     model = Transformer(ModelConfig(vocab_size=vocab, encoding=name, encoding_options=dict(options),
@@ -168,8 +164,6 @@ def causal(model, x: torch.Tensor, vocab: int) -> str:
 def backends_agree(name: str, model, context: dict[str, Any], vocab: int, x: torch.Tensor) -> str:
     """Eager against SDPA (logits, and every gradient of one training step) and, where the encoding can run on
     it, FlexAttention (logits; it has no CPU backward)."""
-    from posbench.model.attention import FLEX_AVAILABLE
-
     reference = model
     worst = 0.0
     tried = ["eager"]
@@ -208,8 +202,6 @@ def backends_agree(name: str, model, context: dict[str, Any], vocab: int, x: tor
 def recurrent_backbone(name: str, context: dict[str, Any], vocab: int, x: torch.Tensor) -> str:
     """The encoding on the depth-recurrent backbone (``RECURRENT``): every trainable parameter reaches the loss, no
     later token changes an earlier logit, and cached decoding equals recomputation through both passes."""
-    from posbench.encodings import ENCODINGS
-
     passes = 1 if ENCODINGS.get(name).one_pass else RECURRENT["recurrences"]       # TAPE: one pass only
     model = build(name, context, vocab, "eager", backbone={**RECURRENT, "recurrences": passes})
     trains(model, vocab)
@@ -290,7 +282,7 @@ def state_dict_round_trip(name: str, model, context: dict[str, Any], vocab: int,
 def one_graph(model, x: torch.Tensor) -> str:
     """``torch.compile(fullgraph=True)`` traces a training step as one graph (a graph break fails), counted by
     dynamo's ``CompileCounter`` (no code generation)."""
-    from torch._dynamo.testing import CompileCounter
+    from torch._dynamo.testing import CompileCounter  # torch._dynamo: ~1.5 s, only the one-graph check
 
     torch._dynamo.reset()
     counter = CompileCounter()

@@ -56,8 +56,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+import posbench.model.transformer as transformer
 from posbench.checks.outcome import CheckFailed, Report
+from posbench.encodings import ENCODINGS
 from posbench.encodings.base import PositionalEncoding
+from posbench.model import Transformer
+from posbench.model.bias import ScoreBias
+from posbench.runs.config import resolve_run_config
+from posbench.tasks import TASKS
+from posbench.train.optim import lr_lambda, make_optimizer
 
 #: the least reach (logits) a learned position parameter must have within the budget
 MIN_REACH = 1.0
@@ -69,8 +76,6 @@ PARALLEL = 1e-3
 
 def default_task(encoding_cls: Any) -> str:
     """The task a check's budget comes from: perplexity, or the first that gives what the encoding needs."""
-    from posbench.tasks import TASKS
-
     for name in ("perplexity", *TASKS):
         task = TASKS[name]
         context = task.encoding_context(task.defaults())
@@ -81,8 +86,6 @@ def default_task(encoding_cls: Any) -> str:
 
 def summed_lr(train: Any) -> float:
     """Sum over the budget's steps of the learning rate times its schedule (warmup, then the decay)."""
-    from posbench.train.optim import lr_lambda
-
     factor = lr_lambda(train)
     return train.lr * sum(factor(step) for step in range(train.steps))
 
@@ -92,12 +95,6 @@ def check_learnable(report: Report, name: str, task: str | None = None, preset: 
     """One check per learned parameter of encoding ``name`` (see the module docstring), within the budget of
     ``task``'s ``preset`` (default: perplexity, or the first task that gives what the encoding needs; the task's
     default preset), with ``sets`` (``--set``) applied to that run configuration as ``posbench run`` applies them."""
-    from posbench.encodings import ENCODINGS
-    from posbench.model import Transformer
-    from posbench.runs.config import resolve_run_config
-    from posbench.tasks import TASKS
-    from posbench.train.optim import make_optimizer
-
     cls = ENCODINGS.get(name)
     task = task or default_task(cls)
     config = resolve_run_config(task, name, preset, sets=list(sets))
@@ -299,9 +296,6 @@ def logits_of(model, tokens: Tensor) -> list[Tensor]:
 
 def recorded_logits(model, tokens: Tensor) -> list[Tensor]:
     """The attention logits of every layer, ``[B, H, N, N]`` float32 (q . k / sqrt(D) plus the encoding's bias)."""
-    import posbench.model.transformer as transformer
-    from posbench.model.bias import ScoreBias
-
     original, recorded = transformer.attend, []
 
     def recording(q, k, v, bias=None, backend_name="auto", **kw):

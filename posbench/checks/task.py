@@ -15,8 +15,14 @@ from typing import Any
 
 import torch
 
+from posbench import report
 from posbench.checks.options import check_options
 from posbench.checks.outcome import CheckFailed, Report
+from posbench.evaluation.metrics import METRICS
+from posbench.runs import runner
+from posbench.runs.config import resolve_run_config
+from posbench.tasks import TASKS
+from posbench.tasks.presets import presets_of
 
 STEPS = 2
 BATCH = 4
@@ -24,9 +30,6 @@ BATCH = 4
 
 def check_task(name: str, *, encoding: str = "rope", sets: tuple[str, ...] = ()) -> Report:
     """Every check of the task contract on task ``name``, with ``encoding`` and the extra ``sets``."""
-    from posbench.tasks import TASKS
-    from posbench.tasks.presets import presets_of
-
     cls = TASKS.get(name)
     report = Report(f"task '{name}'")
     preset = "tiny" if "tiny" in presets_of(cls) else None
@@ -51,8 +54,6 @@ def check_task(name: str, *, encoding: str = "rope", sets: tuple[str, ...] = ())
 
 def configure(task: str, encoding: str, preset: str | None, sets: tuple[str, ...], options: dict[str, Any],
               steps: int | None = None):
-    from posbench.runs.config import resolve_run_config
-
     extra = [f"task.{key}={as_text(value)}" for key, value in options.items()]
     first = [f"train.steps={steps}"] if steps is not None else []
     return resolve_run_config(task, encoding, preset, sets=[*first, *sets, "train.threads=1", *extra])
@@ -70,9 +71,6 @@ def version(cls: Any) -> str:
 
 
 def presets(cls: Any, encoding: str, sets: tuple[str, ...]) -> str:
-    from posbench.runs.config import resolve_run_config
-    from posbench.tasks.presets import presets_of
-
     table = presets_of(cls)
     for preset in table:
         resolve_run_config(cls.name, encoding, preset, sets=list(sets))
@@ -106,9 +104,6 @@ def stream_resumes(cls: Any, config) -> str:
 
 def short_run(config, recorded: dict[str, Any]) -> str:
     """``recorded["metrics"]``: the names of the metrics the run recorded."""
-    from posbench import report
-    from posbench.runs import runner
-
     with tempfile.TemporaryDirectory(prefix="posbench-check-") as out:
         record = runner.execute(config, out).record
         if record.bench is not None:                  # a benchmark records measurements, not metrics
@@ -129,8 +124,6 @@ def short_run(config, recorded: dict[str, Any]) -> str:
 
 def declared(task: str, names: list[str]) -> str:
     """Every metric the run recorded has a declaration in the metric registry (its direction, its pooling)."""
-    from posbench.evaluation.metrics import METRICS
-
     missing = [n for n in names if METRICS.find(task, n) is None]
     if missing:
         raise CheckFailed(f"no declaration for {', '.join(missing)}: declare each with "

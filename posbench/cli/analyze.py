@@ -14,6 +14,7 @@ from posbench.analysis.heads import BLOCK
 from posbench.cli.common import err, out, user_errors
 from posbench.cli.shared_options import Device, Force
 from posbench.options import OptionError
+from posbench.reporters import RichReporter
 
 ANALYZE_EPILOG = """[bold]Examples[/bold]
 
@@ -43,8 +44,6 @@ def analyze(
 
     RUN_DIRS: one or more finished runs of the pretrain or perplexity task (their checkpoints). The queries go in
     blocks of 128: memory is heads x 128 x the window length."""
-    from posbench.reporters import RichReporter
-
     with user_errors():
         chosen = parse_factors(factors)
         reporter = RichReporter(err())

@@ -8,15 +8,67 @@ exit code 2 for bad input, 1 for the machine (disk full, permission, a lost proc
 
 from __future__ import annotations
 
+import ast
+import importlib
 import sys
+from pathlib import Path
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
-from posbench.cli import analyze, bench, check, compare, export, extend, ls, run, score, sweep
+import posbench
+from posbench.cli import registry_help
 from posbench.cli.common import err, out, print_error, user_errors
-from posbench.cli.registry_help import BenchHelp, ExtendHelp, RunHelp, SweepHelp, meant
+from posbench.cli.registry_help import meant
+from posbench.registry import add_plugins, plugin_names
+from posbench.runs.code import capture
 
-app = typer.Typer(
+#: every command, in the order ``posbench --help`` lists them: name -> (its module in ``posbench/cli/``, the name of
+#: its epilog there, the name of its command class in ``registry_help`` or None). A command's module is imported
+#: only when the command runs or shows its own help (``LazyCommands``): ``posbench --help`` imports none of them
+COMMANDS = {
+    "run": ("run", "RUN_EPILOG", "RunHelp"),
+    "ls": ("ls", "LS_EPILOG", None),
+    "extend": ("extend", "EXTEND_EPILOG", "ExtendHelp"),
+    "compare": ("compare", "COMPARE_EPILOG", None),
+    "score": ("score", "SCORE_EPILOG", None),
+    "bench": ("bench", "BENCH_EPILOG", "BenchHelp"),
+    "export": ("export", "EXPORT_EPILOG", None),
+    "sweep": ("sweep", "SWEEP_EPILOG", "SweepHelp"),
+    "check": ("check", "CHECK_EPILOG", None),
+    "analyze": ("analyze", "ANALYZE_EPILOG", None),
+}
+
+
+class LazyCommands(TyperGroup):
+    """The group of ``posbench``'s commands, each built from its module when it is called for (``COMMANDS``); the
+    list in ``posbench --help`` reads each command's summary from its module's source (``listed_summary``)."""
+
+    listing = False
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.commands = dict.fromkeys(COMMANDS)        # the names, for the did-you-mean of an unknown command
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name: str):
+        if name not in COMMANDS:
+            return None
+        if self.listing:
+            return TyperCommand(name, short_help=listed_summary(name))
+        return built(name)
+
+    def format_help(self, ctx, formatter) -> None:
+        self.listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.listing = False
+
+
+app = typer.Typer(cls=LazyCommands, 
     name="posbench", add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
     pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]},
     help="Compare positional encodings for transformer LMs: same model, same data, same budget.\n\n"
@@ -39,11 +91,6 @@ def version_line() -> str:
     """``posbench VERSION from DIR (commit HASH[, with changes not committed])``: the version, the directory the
     package is imported from, and the git commit of that checkout, as a run records them (``posbench_info``), or
     that it is no git checkout."""
-    from pathlib import Path
-
-    import posbench
-    from posbench.runs.code import capture      # not posbench.runs.record: no torch for a version line
-
     facts = {"version": posbench.__version__, **capture().facts}
     commit = facts.get("git_commit")
     code = (f"commit {commit}{', with changes not committed' if facts.get('git_dirty') else ''}" if commit else
@@ -60,8 +107,6 @@ def plugins(modules: list[str] = typer.Option(
         False, "--version", is_eager=True, callback=show_version,
         help="print the version and the commit posbench was installed from, and exit.")) -> None:
     """Compare positional encodings for transformer LMs."""
-    from posbench.registry import add_plugins, plugin_names
-
     with user_errors():
         add_plugins([name for value in modules for name in plugin_names(value)])
 
@@ -72,20 +117,31 @@ def summary(fn) -> str:
     return " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
 
 
-def command(name: str, fn, epilog: str, **kwargs) -> None:
-    app.command(name, epilog=epilog, short_help=summary(fn), **kwargs)(fn)
+def listed_summary(name: str) -> str:
+    """A command's line in ``posbench --help`` without importing its module: its function's docstring, read from the
+    module's source (what ``summary`` makes of the function itself)."""
+    module = COMMANDS[name][0]
+    tree = ast.parse((Path(__file__).with_name(f"{module}.py")).read_text())
+    fn = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name)
+    return " ".join((ast.get_docstring(fn, clean=False) or "").strip().split("\n\n")[0].split())
 
 
-command("run", run.run, run.RUN_EPILOG, cls=RunHelp)
-command("ls", ls.ls, ls.LS_EPILOG)
-command("extend", extend.extend, extend.EXTEND_EPILOG, cls=ExtendHelp)
-command("compare", compare.compare, compare.COMPARE_EPILOG)
-command("score", score.score, score.SCORE_EPILOG)
-command("bench", bench.bench, bench.BENCH_EPILOG, cls=BenchHelp)
-command("export", export.export, export.EXPORT_EPILOG)
-command("sweep", sweep.sweep, sweep.SWEEP_EPILOG, cls=SweepHelp)
-command("check", check.check, check.CHECK_EPILOG)
-command("analyze", analyze.analyze, analyze.ANALYZE_EPILOG)
+def built(name: str):
+    """The click command of ``name``, from its module (imported now), as typer builds a command of an app."""
+    module_name, epilog, help_class = COMMANDS[name]
+    module = importlib.import_module(f"posbench.cli.{module_name}")
+    fn = getattr(module, name)
+    one = typer.Typer(add_completion=False, rich_markup_mode="rich", pretty_exceptions_enable=False)
+    kwargs = {"cls": getattr(registry_help, help_class)} if help_class else {}
+    one.command(name, epilog=getattr(module, epilog), short_help=summary(fn), **kwargs)(fn)
+    return typer.main.get_command(one)
+
+
+def __getattr__(name: str):
+    """``posbench.cli.app.run`` and the like: the command's module, imported when first asked for."""
+    if name in COMMANDS:
+        return importlib.import_module(f"posbench.cli.{COMMANDS[name][0]}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---- entry point -------------------------------------------------------------------------------------------
@@ -99,7 +155,7 @@ def _click_exceptions():
     usage = {next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")}
     exits, aborts = {typer.Exit}, {typer.Abort}
     try:
-        import click.exceptions as real
+        import click.exceptions as real  # click itself, where typer runs it (optional)
         usage.add(real.UsageError)
         exits.add(real.Exit)
         aborts.add(real.Abort)

@@ -8,8 +8,13 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from posbench.cli import setting_flags
 from posbench.cli.common import out, progress_reporter, show_configs, split_names, user_errors
 from posbench.cli.shared_options import Device, DryRun, Encoding, Out, Preset, Quiet, Sets
+from posbench.errors import ConfigError
+from posbench.options import Setting
+from posbench.runs import runner
+from posbench.runs.config import resolve_run_config
 
 BENCH_EPILOG = """[bold]Examples[/bold]
 
@@ -39,11 +44,6 @@ def bench(
 
     Every setting of bench, of train and of model is a flag (below): --timed-steps 5, --lengths 1024,8192,
     --mode decode, --compile, --attention flex, --threads 2."""
-    from posbench.cli import setting_flags
-    from posbench.errors import ConfigError
-    from posbench.runs import runner
-    from posbench.runs.config import Setting, resolve_run_config
-
     out_dir = Path("results") if out_dir is None else out_dir
     with user_errors():
         given = setting_flags.given(ctx)            # the settings flags, typed (posbench.cli.setting_flags)
@@ -69,8 +69,6 @@ def _lengths_match_batches(given: list, sets: list[str]) -> None:
     """Lengths and batch sizes both given (flags, typed, or ``--set`` text) must pair up (one batch size, or one per
     length): a preset's batch sizes give their first to lengths the user chose, a user's own list never is cut
     short in silence."""
-    from posbench.errors import ConfigError
-
     counts = {s.key: len(s.value) for s in given if s.section == "task" and s.key in ("lengths", "batch")}
     for item in sets:                                                          # batch, task.batch
         key, _, value = item.partition("=")

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import typer
 
+from posbench.checks import check_encoding, check_task
+from posbench.checks.learnable import default_task
+from posbench.checks.outcome import CheckFailed
 from posbench.cli.common import err, out, split_names, user_errors
 from posbench.cli.shared_options import Encoding, Preset, Quiet, Sets, Task
+from posbench.encodings import ENCODINGS
+from posbench.errors import UserError
+from posbench.registry import UnknownNameError
+from posbench.runs.config import check_each_set, resolve_run_config, starting_point
+from posbench.tasks import TASKS
+from posbench.tasks.presets import presets_of
 
 CHECK_EPILOG = """[bold]Examples[/bold]
 
@@ -31,17 +40,11 @@ def check(names: list[str], compiled: bool = typer.Option(True, "--compiled/--no
     when one fails.
 
     NAMES: encodings or tasks, by name (comma-separated or several)."""
-    from posbench.checks import check_encoding, check_task
-    from posbench.encodings import ENCODINGS
-    from posbench.tasks import TASKS
-
     failed = False
     with user_errors():
         wanted = [n for value in names for n in split_names(value)]
         for name in wanted:
             if name not in ENCODINGS and name not in TASKS:
-                from posbench.registry import UnknownNameError
-
                 error = UnknownNameError("encoding or task", name, [*ENCODINGS, *TASKS])
                 error.message += (f" One of a plugin's? posbench imports a plugin only when told: posbench --plugins "
                                   f"FILE.py check {name} (or POSBENCH_PLUGINS=FILE.py).")
@@ -70,14 +73,6 @@ def choices_first(name: str, *, task: str | None, preset: str | None, encoding: 
     configuration, when the same run without those choices resolves, and each ``--set`` on its own (its key, its
     type, its range) in any case. A configuration that fails without them is the contract's to report, as a
     failed check."""
-    from posbench.checks.learnable import default_task
-    from posbench.checks.outcome import CheckFailed
-    from posbench.encodings import ENCODINGS
-    from posbench.errors import UserError
-    from posbench.runs.config import check_each_set, resolve_run_config, starting_point
-    from posbench.tasks import TASKS
-    from posbench.tasks.presets import presets_of
-
     if name in ENCODINGS:
         try:
             usual = default_task(ENCODINGS.get(name))

@@ -7,10 +7,18 @@ typer app. Command modules import this module, never ``posbench.cli.app``, so th
 
 from __future__ import annotations
 
+import json
+import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.text import Text
+
+from posbench.data.progress import library_progress
+from posbench.errors import ConfigError, UserError, os_error
+from posbench.reporters import NullReporter, RichReporter
 
 
 def out() -> Console:
@@ -26,9 +34,6 @@ def user_errors():
     """Every error a user can meet -> one line on stderr (``print_error``), no traceback: a ``UserError`` exits
     with its ``exit_code`` (2 for bad input, 1 for the machine: disk full, permission, a lost process), an
     ``OSError`` that got this far likewise (``posbench.errors.os_error``), a non-finite loss with 1."""
-    from posbench.errors import UserError, os_error
-    from posbench.train.trainer import NonFiniteLossError
-
     try:
         yield
     except UserError as exc:
@@ -39,43 +44,40 @@ def user_errors():
         error = os_error(exc)
         print_error(one_line(error))
         raise typer.Exit(error.exit_code) from None
-    except NonFiniteLossError as exc:
+    except non_finite_loss() as exc:
         print_error(one_line(exc))
         raise typer.Exit(1) from None
+
+
+def non_finite_loss() -> tuple[type, ...]:
+    """The trainer's ``NonFiniteLossError`` where the trainer was imported; else nothing (no model was trained, so
+    none was raised; importing the trainer would import torch for a command that needs none)."""
+    trainer = sys.modules.get("posbench.train.trainer")
+    return (trainer.NonFiniteLossError,) if trainer is not None else ()
 
 
 def print_error(message: str) -> None:
     """``error: MESSAGE`` on stderr: the message as plain text (never rich markup, so that a message that
     holds brackets, such as ``pip install 'posbench[tensorboard]'``, prints as it is)."""
-    from rich.text import Text
-
     err().print(Text.assemble(("error:", "red"), " ", message), soft_wrap=True)
 
 
 def progress_reporter(quiet: bool):
     """Training progress on stderr (none with ``--quiet``); the libraries' download / preprocessing bars and
     posbench's data bars follow the same switch."""
-    from posbench.data.progress import library_progress
-    from posbench.reporters import NullReporter, RichReporter
-
     library_progress(not quiet)
     return NullReporter() if quiet else RichReporter(err())
 
 
 def show_configs(configs) -> None:
     """``--dry-run``: the resolved configurations, as ``config.json`` would record them."""
-    import json
-
     out().print(json.dumps([c.to_dict() for c in configs], indent=2), markup=False, highlight=False)
 
 
 def resume_run(run_dir, *, others: bool, dry_run: bool, device: str, reporter):
     """``--resume DIR`` of run and extend: refuses other flags (``others``); with ``--dry-run`` prints the stored
     configuration (and whether the run has finished) and returns None; else continues the run, its outcome."""
-    from pathlib import Path
-
-    from posbench.errors import ConfigError
-    from posbench.runs import runner
+    from posbench.runs import runner  # torch: only for what builds or names a class
 
     if others:
         raise ConfigError("--resume continues a run with its own config; pass only --resume (and optionally --device)")

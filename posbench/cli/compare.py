@@ -9,9 +9,17 @@ from typing import Optional
 
 import typer
 
+from posbench import report as rep
 from posbench.cli.common import err, out, user_errors
+from posbench.files import atomic_write_text, file_in_the_way
+from posbench.registry import UnknownNameError
 from posbench.cli.shared_options import Force, Format, Task
+from posbench.report.collect import check_baseline
 from posbench.report.effective_length import Tolerance, parse_tolerance, with_effective_lengths
+from posbench.report.tables import unusable_values
+from posbench.report.terminal import render
+from posbench.runs.record import ResultError
+from posbench.runs.store import scan_runs
 
 COMPARE_EPILOG = """[bold]Examples[/bold]
 
@@ -56,18 +64,11 @@ def compare(
     the best of each column marked; paired differences (--against), figures, an HTML report.
 
     DIRECTORY: a results tree (any depth)."""
-    from posbench import report as rep
-    from posbench.files import file_in_the_way
-    from posbench.report.collect import check_baseline
-    from posbench.runs.record import ResultError
-
     with user_errors():
         if fmt == "tidy":
             write_tidy(directory, task, parse_tolerance(tolerance))
             return
         if fmt not in rep.FORMATS:
-            from posbench.registry import UnknownNameError
-
             raise UnknownNameError("format", fmt, [*rep.FORMATS, "tidy"])
         if by_model and (by_run or against):
             raise ResultError("--by-model makes one table of models; it does not combine with --by-run or --against")
@@ -92,8 +93,6 @@ def compare(
         figures_from = rep.collect(directory, task, by_run=by_run, tolerance=tolerance) if by_model and (plots or html) else result
         written = rep.plot(figures_from, plots, force=force) if plots is not None else []
         if fmt == "table":
-            from posbench.report.terminal import render
-
             console = out()
             for table in result.tables:
                 for item in render(table, console.width):
@@ -105,8 +104,7 @@ def compare(
         for path in written:
             err().print(f"wrote {path}", markup=False)
         if html is not None:
-            from posbench.report.html import to_html
-            from posbench.files import atomic_write_text
+            from posbench.report.html import to_html  # matplotlib: only an HTML report draws its figures
 
             if by_model:
                 figures_from.tables = result.tables + figures_from.tables
@@ -128,10 +126,7 @@ def show_problems(problems, warnings=()) -> None:
 
 def write_tidy(directory: Path, task: str | None, tolerance: Tolerance) -> None:
     """``--format tidy``: the DataFrame of ``posbench.results.frame`` as CSV on stdout."""
-    from posbench.report.tables import unusable_values
-    from posbench.results import frame_of
-    from posbench.runs.record import ResultError
-    from posbench.runs.store import scan_runs
+    from posbench.results import frame_of  # pandas: only --format tidy makes a data frame
 
     runs, problems = scan_runs(directory)
     if task is not None:

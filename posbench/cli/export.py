@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.markup import escape
+
 from posbench.cli.common import out, user_errors
 from posbench.cli.shared_options import Force
+from posbench.hf.export import export_run        # transformers: this command always needs it
+from posbench.hf.tape_model import MODEL_TYPE
 
 EXPORT_EPILOG = """[bold]Examples[/bold]
 
@@ -32,18 +36,12 @@ def export(
     own model type (model_type 'posbench'): pass trust_remote_code=True to both (AutoTokenizer reads config.json
     too, and asks otherwise). An extend run's model keeps its method:
     LoRA folded into a plain Llama (yarn, ntk: transformers' rope parameters), TAPE as its own model type."""
-    from rich.markup import escape
-
     with user_errors():
-        from posbench.hf.export import export_run
-
         meta = export_run(run_dir, out_dir, force=force)
     source = meta["source"]
     if meta["kind"] == "llama":
         how = "LlamaForCausalLM"
     else:
-        from posbench.hf.tape_model import MODEL_TYPE
-
         name = "TapeLlamaForCausalLM" if meta["kind"] == MODEL_TYPE else "PosbenchForCausalLM"
         how = f"{name}: pass trust_remote_code=True to the model and the tokenizer (posbench must be installed)"
     out().print(f"[bold]export[/bold] {source['task']} / [bold]{source['encoding']}[/bold] "

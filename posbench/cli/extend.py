@@ -8,8 +8,13 @@ from typing import Optional
 
 import typer
 
+from posbench.cli import setting_flags
 from posbench.cli.common import out, progress_reporter, resume_run, show_configs, user_errors
+from posbench.cli.run import fmt_metric, parse_seeds
 from posbench.cli.shared_options import Device, DryRun, Init, Logs, Out, Preset, Quiet, Resume, Seed, Sets
+from posbench.errors import ConfigError
+from posbench.runs import runner
+from posbench.runs.config import resolve_run_config
 
 EXTEND_EPILOG = """[bold]Examples[/bold]
 
@@ -48,12 +53,6 @@ def extend(
 
     Every setting of the extend task, of train and of model is a flag (below): --length 8192 and --data SOURCE
     (both needed), --scale 2, --steps 100, --lr 2e-5; and so is every option of the method (--tape-gate scalar)."""
-    from posbench.cli import setting_flags
-    from posbench.cli.run import parse_seeds
-    from posbench.errors import ConfigError
-    from posbench.runs import runner
-    from posbench.runs.config import resolve_run_config
-
     out_dir = Path("results") if out_dir is None else out_dir
     flags = setting_flags.given(ctx)                   # the settings flags, typed; -l is --length
     with user_errors():
@@ -64,8 +63,7 @@ def extend(
             if outcome is None:
                 return
         else:
-            settings = setting_flags.for_encoding(flags, "extend", method)
-            given = {s.key for s in settings if s.section == "task"} | \
+            given = {s.key for s in flags if s.section == "task"} | \
                 {item.partition("=")[0].strip().removeprefix("task.") for item in sets}   # --set data, task.data
             missing = [flag for flag, value in (("--model", model), ("--method", method),
                                                 ("--length", "length" in given or None),
@@ -73,7 +71,7 @@ def extend(
             if missing:
                 raise ConfigError(f"extend needs {', '.join(missing)} (see 'posbench extend --help')")
             configs = [resolve_run_config("extend", method, preset, seed=s, device=device, init=model,
-                                          settings=settings, sets=sets, init_flag="--model", logs=logs)
+                                          settings=flags, sets=sets, init_flag="--model", logs=logs)
                        for s in parse_seeds(seed, None)]
             if dry_run:
                 show_configs(configs)
@@ -85,8 +83,6 @@ def extend(
 
 
 def show(outcome) -> None:
-    from posbench.cli.run import fmt_metric
-
     if not outcome.main:
         return
     record = outcome.record

@@ -9,8 +9,14 @@ from typing import Optional
 import typer
 
 from posbench.cli.common import err, out, progress_reporter, resume_run, show_configs, split_names, user_errors
+from posbench.cli.setting_flags import given
 from posbench.cli.shared_options import (Device, DryRun, Encoding, Init, Logs, Out, Preset, Quiet, Resume, Seed,
                                          Sets, Task)
+from posbench.errors import ConfigError
+from posbench.report import Cell, fmt_cell
+from posbench.report.tables import incomplete
+from posbench.runs import runner
+from posbench.runs.config import resolve_run_config
 
 RUN_EPILOG = """[bold]Examples[/bold]
 
@@ -55,11 +61,6 @@ def run(
     (--lr 3e-4, --train-digits 4: the task's own first; 'posbench ls tasks TASK' lists a task's; --theta 500000
     or --rope-theta 500000: 'posbench ls encodings NAME' lists an encoding's).
     With -t TASK and -e NAME, --help lists them all (Settings, below)."""
-    from posbench.cli.setting_flags import for_encoding, given
-    from posbench.errors import ConfigError
-    from posbench.runs import runner
-    from posbench.runs.config import resolve_run_config
-
     out_dir = Path("results") if out_dir is None else out_dir
     flags = given(ctx)                                 # the settings flags, typed (posbench.cli.setting_flags)
     with user_errors():
@@ -85,7 +86,7 @@ def run(
         # seed-major: every encoding under seed 0, then under seed 1, ... (a stopped sweep stays balanced)
         configs = [resolve_run_config(task, name, preset, seed=s, device=device,
                                       init=str(Path(init)) if init is not None else None,
-                                      settings=for_encoding(flags, task, name), sets=sets, logs=logs)
+                                      settings=flags, sets=sets, logs=logs)
                    for s in parse_seeds(seed, seeds) for name in names]
         if dry_run:
             show_configs(configs)
@@ -113,8 +114,6 @@ TINY_NOTE = ("note: tiny is a smoke test (does the pipeline run, in seconds?): i
 
 def parse_seeds(seed: str | None, seeds: int | None) -> list[int]:
     """``--seed 3`` -> [3]; ``--seed 0,1,2`` -> [0, 1, 2]; ``--seeds 3`` -> [0, 1, 2]; neither -> [0]."""
-    from posbench.errors import ConfigError
-
     if seed is not None and seeds is not None:
         raise ConfigError("give --seed or --seeds, not both")
     if seeds is not None:
@@ -158,8 +157,5 @@ def show_outcome(outcome) -> None:
 def fmt_metric(metric, record=None, name: str | None = None) -> str:
     """A metric as the run line shows it; ``(incomplete)`` after a value its run recorded as incomplete (a SCROLLS
     score over fewer than the seven data sets: ``posbench.report.tables.incomplete``)."""
-    from posbench.report import Cell, fmt_cell
-    from posbench.report.tables import incomplete
-
     flag = "incomplete" if record is not None and name is not None and incomplete(record, name) else None
     return fmt_cell(Cell(metric.value, metric.stderr, flag=flag))

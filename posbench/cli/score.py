@@ -9,9 +9,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.table import Table
 
 from posbench.cli.common import out, user_errors
 from posbench.cli.shared_options import Format
+from posbench.runs.record import ResultError
+from posbench.tasks.scrolls.data import load_split
+from posbench.tasks.scrolls.metric import score_predictions_file
 
 SCORE_EPILOG = """[bold]Examples[/bold]
 
@@ -33,12 +37,6 @@ def score(
     """Score a SCROLLS predictions file with the official metric (validated like the official verifier).
 
     PREDICTIONS: a JSON file {id: prediction}."""
-    from rich.table import Table
-
-    from posbench.tasks.scrolls.data import load_split
-    from posbench.tasks.scrolls.metric import score_predictions_file
-    from posbench.runs.record import ResultError
-
     with user_errors():
         if fmt not in ("table", "json"):
             raise ResultError(f"unknown format '{fmt}'; use table or json")

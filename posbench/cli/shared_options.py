@@ -1,11 +1,6 @@
-"""The options several commands share, each declared once: a command names its parameter with one of these types
-(``quiet: Quiet = False``), so ``--quiet`` has one spelling, one short form and one help in every command.
-
-An option only one command has is declared in that command's module; a long flag name is declared once in all of
-``posbench/cli`` (``tests/test_cli_options_once.py`` fails otherwise). Defaults that differ between commands are
-``None`` here and filled in by the command (``bench``'s preset is small, ``check``'s encoding rope). The help of
-``--encoding``, ``--task``, ``--preset`` and ``--method`` of ``run`` and ``extend`` lists what is registered,
-filled in when the help is shown (``posbench.cli.registry_help``).
+"""The options several commands share, each declared once (``quiet: Quiet = False``): one spelling, short form and
+help everywhere (``tests/test_cli_options_once.py``). Defaults that differ between commands are ``None``, filled in
+by the command; registry-made help is ``posbench.cli.registry_help``'s.
 """
 
 from __future__ import annotations
@@ -14,6 +9,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+from posbench.options import SECTIONS
 
 Encoding = Annotated[Optional[str], typer.Option(
     "--encoding", "-e", help="Encoding name, or several separated by commas (run: each in turn; bench: those "
@@ -43,7 +40,7 @@ Out = Annotated[Optional[Path], typer.Option(
     "cell under cells/).")]
 
 Sets = Annotated[list[str], typer.Option(
-    "--set", "-s", help="Override a setting: \\[section.]key=value (sections: model, encoding, train, task; extend: "
+    "--set", "-s", help=f"Override a setting: \\[section.]key=value (sections: {', '.join(SECTIONS)}; extend: "
     "method, the method's options). Repeatable; wins over the flags.")]
 
 Resume = Annotated[Optional[Path], typer.Option("--resume", help="Continue a killed run directory (of any task, "

@@ -9,7 +9,16 @@ from typing import Any, Optional
 import typer
 
 from posbench.cli.common import err, out, user_errors
+from posbench.cli.setting_flags import given
 from posbench.cli.shared_options import DryRun, Out, Quiet
+from posbench.files import atomic_write_text
+from posbench.sweep.cell import finished_run, is_locked, read_record, unfinished_run
+from posbench.sweep.display import SweepDisplay, compare_command, expected_total, outcome_table, plan_table
+from posbench.sweep.local import LocalExecutor
+from posbench.sweep.plan import expand, validate
+from posbench.sweep.scheduler import CELLS_DIR, FINISHED, Sweep
+from posbench.sweep.slurm import SlurmExecutor, describe, slurm_options
+from posbench.sweep.study import StudyError, read_study
 
 SWEEP_EPILOG = """[bold]Examples[/bold]
 
@@ -46,11 +55,6 @@ def sweep(
     reruns failed ones with --retry-failed. Ends with a table of every cell and the 'posbench compare' command.
 
     STUDY_FILE: the study file, a .toml (docs/sweeps.md)."""
-    from posbench.cli.setting_flags import given
-    from posbench.sweep.display import expected_total, plan_table
-    from posbench.sweep.plan import expand, validate
-    from posbench.sweep.study import StudyError, read_study
-
     with user_errors():
         if executor not in EXECUTORS:
             raise StudyError(f"--executor {executor!r}: choose local or slurm")
@@ -85,9 +89,6 @@ def statuses(cells, root: Path, active=None) -> dict[str, str]:
     """Where each cell stands: complete; running or queued (an earlier sweep's process or SLURM job has it: it is
     followed, not restarted; ``active(cell_dir)`` asks the executor, else a held lock means running); to resume;
     failed; or new."""
-    from posbench.sweep.cell import finished_run, is_locked, read_record, unfinished_run
-    from posbench.sweep.scheduler import CELLS_DIR
-
     found = {}
     for cell in cells:
         folder = root / CELLS_DIR / cell.id
@@ -108,15 +109,10 @@ def statuses(cells, root: Path, active=None) -> dict[str, str]:
 def make_executor(kind: str, study, root: Path, *, jobs, given: dict[str, Any], dry_run: bool = False):
     """The executor, its options checked (``given``: the executor settings from the command line, by key); with
     ``dry_run`` a SLURM executor is only described (no sbatch needed)."""
-    from posbench.sweep.slurm import slurm_options
-    from posbench.sweep.study import StudyError
-
     if kind == "local":
         slurm_only = [f"--{key.replace('_', '-')}" for key in given if key != "gpus_per_cell"]
         if slurm_only:
             raise StudyError(f"{', '.join(slurm_only)}: options of --executor slurm")
-        from posbench.sweep.local import LocalExecutor
-
         gpus = slurm_options({}, {"gpus_per_cell": given["gpus_per_cell"]}).gpus_per_cell \
             if "gpus_per_cell" in given else None
         if gpus is not None and gpus < 1:
@@ -124,8 +120,6 @@ def make_executor(kind: str, study, root: Path, *, jobs, given: dict[str, Any], 
         return LocalExecutor(jobs, gpus or 1, study.device)
     if jobs is not None:
         raise StudyError("--jobs: an option of --executor local (on SLURM: --max-jobs)")
-    from posbench.sweep.slurm import SlurmExecutor, describe
-
     options = slurm_options(study.slurm, given)
     return describe(options) if dry_run else SlurmExecutor(root / "slurm", options)
 
@@ -133,10 +127,6 @@ def make_executor(kind: str, study, root: Path, *, jobs, given: dict[str, Any], 
 def run_study(study, cells, root: Path, runner, *, retry_failed: bool, quiet: bool) -> int:
     """Run the cells; print the table of every cell and the compare command; the exit code (0: all finished,
     1: a cell failed, was killed or blocked, 130: interrupted)."""
-    from posbench.files import atomic_write_text
-    from posbench.sweep.display import SweepDisplay, compare_command, outcome_table
-    from posbench.sweep.scheduler import FINISHED, Sweep
-
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(root / "study.toml", study.text)
     console = err()

@@ -19,7 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from posbench.data import corpus
 from posbench.data.errors import DataError
+from posbench.data.hub_env import WHAT_TO_PASS, datasets_library
+from posbench.data.hub_errors import explain
 
 
 class _FileCursor:
@@ -32,8 +35,6 @@ class _FileCursor:
         self._it: Iterator | None = None
 
     def _open(self) -> Iterator:
-        from posbench.data.hub_env import datasets_library
-
         datasets = datasets_library()
         kwargs: dict[str, Any] = {"sample_by": "document"} if self.builder == "text" else {}
         try:
@@ -81,9 +82,6 @@ class _FileCursor:
 
 
 def read_error(exc: BaseException, label: str) -> DataError:
-    from posbench.data.hub_errors import explain
-    from posbench.data.hub_env import WHAT_TO_PASS
-
     if label.startswith("hf://"):
         repo = "/".join(label[len("hf://"):].split("/")[1:3])
         message = explain(exc, repo, offline=WHAT_TO_PASS)
@@ -143,8 +141,6 @@ class DocumentReader:
                 yield text
 
     def _builtin(self) -> Iterator[str]:
-        from posbench.data import corpus
-
         skip = int(self._state.get("docs", 0))
         for n, text in enumerate(corpus.stdlib_documents(self.split)):
             if n < skip:
@@ -182,8 +178,6 @@ class DocumentReader:
                 yield value
 
     def _hub_stream(self, split: str) -> Iterator[str]:
-        from posbench.data.hub_env import datasets_library
-
         hub = self.source.hub
         datasets = datasets_library()
         try:

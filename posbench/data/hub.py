@@ -42,6 +42,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from posbench.data.hub_env import datasets_library
+
 HUB_ROOT = os.environ.get("POSBENCH_HUB_ROOT") or "hf://datasets"
 
 #: repositories that hold a loading script, which ``datasets`` >= 4 refuses, and what posbench reads instead
@@ -130,7 +132,7 @@ def _natural(path: str) -> list:
 def list_files(pattern: str) -> list[tuple[str, int]]:
     """``(url, size in bytes)`` of the files a glob pattern matches, in natural name order (``_2`` before
     ``_10``); an ``hf://`` pattern lists the hub repository (network), anything else the local file system."""
-    import fsspec
+    import fsspec  # fsspec (with datasets): only a file listing needs it
 
     fs, path = fsspec.core.url_to_fs(pattern)
     found = fs.glob(path, detail=True)
@@ -143,6 +145,4 @@ def split_names(spec: HubSpec) -> tuple[str, ...]:
     """The splits of a hub data set (static for the known ones; asks the hub otherwise)."""
     if spec.splits is not None:
         return spec.splits
-    from posbench.data.hub_env import datasets_library
-
     return tuple(datasets_library().get_dataset_split_names(spec.repo, spec.config))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from posbench.data.progress import apply_to
+
 WHAT_TO_PASS = ("pass a local copy with --data PATH (a .jsonl/.json/.parquet/.txt file or a directory of "
                 "them, one document per row in a 'text' field) or use the built-in corpus with --data stdlib")
 
@@ -16,7 +18,7 @@ def hub_offline() -> bool:
         if os.environ.get(var, "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
             return True
     try:
-        from huggingface_hub import constants
+        from huggingface_hub import constants  # huggingface_hub: only when no variable says offline
         return bool(constants.HF_HUB_OFFLINE)
     except Exception:       # noqa: BLE001 - an old or missing huggingface_hub just means "not flagged"
         return False
@@ -25,8 +27,6 @@ def hub_offline() -> bool:
 def datasets_library():
     """``datasets``, imported on first use (it is heavy); its progress bars follow
     :func:`posbench.data.progress.library_progress`, its warnings stay quiet."""
-    import datasets
-
-    from posbench.data.progress import apply_to
+    import datasets  # datasets: heavy, only hub data needs it
 
     return apply_to(datasets)

@@ -33,19 +33,14 @@ def _chain(exc: BaseException):
 
 def _classes():
     try:
-        from huggingface_hub import errors
+        from huggingface_hub import errors, utils  # huggingface_hub: only a failed hub call needs it
     except ImportError:       # pragma: no cover - huggingface_hub is a dependency of datasets and transformers
         return {}
     names = ("GatedRepoError", "RepositoryNotFoundError", "RevisionNotFoundError", "EntryNotFoundError",
              "RemoteEntryNotFoundError", "LocalEntryNotFoundError", "OfflineModeIsEnabled", "DisabledRepoError")
     found = {n: getattr(errors, n, None) for n in names}
     if found["OfflineModeIsEnabled"] is None:
-        try:
-            from huggingface_hub.utils import OfflineModeIsEnabled
-
-            found["OfflineModeIsEnabled"] = OfflineModeIsEnabled
-        except ImportError:
-            pass
+        found["OfflineModeIsEnabled"] = getattr(utils, "OfflineModeIsEnabled", None)
     return {k: v for k, v in found.items() if v is not None}
 
 

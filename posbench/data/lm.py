@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from posbench.data.sources import TextSource
+from posbench.data.token_cache import open_cache, token_dtype
 from posbench.data.tokenizer import Tokenizer
 
 
@@ -31,8 +32,6 @@ class TokenStream:
 def tokens_hash(tokens: np.ndarray, vocab_size: int) -> str:
     """The SHA-256 of ``tokens`` as a token cache stores them (little-endian uint16, or uint32 for a vocabulary
     above 65,536 ids), so the same tokens have the same hash in memory and in a cache."""
-    from posbench.data.token_cache import token_dtype
-
     return hashlib.sha256(np.ascontiguousarray(tokens, dtype=token_dtype(vocab_size)).tobytes()).hexdigest()
 
 
@@ -120,6 +119,4 @@ def corpus_tokens(source: TextSource, split: str, tokenizer: Tokenizer, budget: 
     ``posbench.data.chunks.CachedChunks`` for training)."""
     if not uses_token_cache(source, budget):
         return token_stream(source, split, tokenizer, budget)
-    from posbench.data.token_cache import open_cache
-
     return open_cache(source, split, tokenizer, budget)

@@ -28,6 +28,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from rich.console import Console
+from rich.file_proxy import FileProxy
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
 _ENABLED = True
 #: work shorter than this many seconds closes without a line (a small read needs no report)
 QUIET_BELOW = 2.0
@@ -69,11 +73,11 @@ def apply_to(module: Any) -> Any:
         if name == "datasets":
             (module.enable_progress_bars if _ENABLED else module.disable_progress_bars)()
             module.logging.set_verbosity_error()
-            import huggingface_hub
+            import huggingface_hub  # huggingface_hub: datasets loaded it already
 
             apply_to(huggingface_hub)
         elif name == "huggingface_hub":
-            from huggingface_hub import utils
+            from huggingface_hub import utils  # huggingface_hub: it was given, so it is loaded
 
             (utils.enable_progress_bars if _ENABLED else utils.disable_progress_bars)()
         elif name == "transformers":
@@ -127,8 +131,6 @@ class DataBar:
         want_live = self.console.is_terminal if animate is None else animate
         # another rich live display (the engine's training bar) redirects stderr: never draw a second one
         if want_live and not _live_display_active():
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
             self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                       TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"),
                                       TimeRemainingColumn(), console=self.console, transient=True)
@@ -138,8 +140,6 @@ class DataBar:
     @property
     def console(self):
         if self._console is None:
-            from rich.console import Console
-
             self._console = Console(stderr=True, highlight=False, soft_wrap=True)
         return self._console
 
@@ -197,8 +197,4 @@ class DataBar:
 
 
 def _live_display_active() -> bool:
-    try:
-        from rich.file_proxy import FileProxy
-    except ImportError:      # pragma: no cover - rich always has it
-        return False
     return isinstance(sys.stderr, FileProxy) or isinstance(sys.stdout, FileProxy)

@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posbench.data import corpus
+from posbench.data import corpus, hub
+from posbench.data.documents import DocumentReader
 from posbench.data.hub_env import WHAT_TO_PASS, hub_offline
 from posbench.data.errors import DataError
+from posbench.data.hub_errors import explain
 
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".text": "text",
@@ -52,8 +54,6 @@ def file_kind(path: Path) -> str | None:
 
 
 def looks_like_hub_name(spec: str) -> bool:
-    from posbench.data import hub
-
     if spec.strip().lower() in hub.KNOWN:
         return True
     if file_kind(Path(spec.split(":")[0])) is not None:   # data/train.jsonl is a path, not owner/name
@@ -91,8 +91,6 @@ class TextSource:
 
     def reader(self, split: str = "train", state: dict[str, Any] | None = None):
         """A resumable :class:`~posbench.data.documents.DocumentReader` over ``split``."""
-        from posbench.data.documents import DocumentReader
-
         return DocumentReader(self, split, state)
 
     def describe(self) -> dict[str, Any]:
@@ -122,8 +120,6 @@ class TextSource:
             return {**base, "files": [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in self.files]}
         out = {**base, "hub": self.hub.describe(), "plan": self.split_plan()["validation"]}
         if self.hub.builder:
-            from posbench.data import hub
-
             prefix = hub.HUB_ROOT.rstrip("/") + "/"
             plan = self.split_plan()["validation"]
             files = self.split_files("train" if plan == "held-out slice" else split)
@@ -145,7 +141,6 @@ class TextSource:
             named = self._holdout_rule().startswith("by file name")
             return {"validation": "files" if named else "held-out slice", "rule": self._holdout_rule()}
         self.check_online()
-        from posbench.data import hub
 
         try:
             splits = hub.split_names(self.hub)
@@ -179,7 +174,6 @@ class TextSource:
                 chosen = list(self.files)
             return [(str(p), file_kind(p), p.stat().st_size) for p in chosen]
         self.check_online()
-        from posbench.data import hub
 
         found: list[tuple[str, str, int]] = []
         try:
@@ -203,15 +197,11 @@ class TextSource:
 
     # ---- the hub ---------------------------------------------------------------------------------------------
     def check_online(self) -> None:
-        from posbench.data import hub
-
         local_root = self.hub is not None and self.hub.builder and not hub.HUB_ROOT.startswith("hf://")
         if self.kind == "hub" and hub_offline() and not local_root:
             raise DataError(f"cannot load hub data set '{self.hub_name}' offline: {WHAT_TO_PASS}")
 
     def hub_error(self, exc: BaseException) -> DataError:
-        from posbench.data.hub_errors import explain
-
         name = self.hub.name if self.hub is not None else str(self.hub_name)
         message = explain(exc, name, offline=WHAT_TO_PASS)
         if message:
@@ -244,8 +234,6 @@ def _local_files(path: Path) -> list[Path]:
 
 def open_source(spec: str | None, text_field: str = "text", holdout_every: int = 20) -> TextSource:
     """Resolve ``--data SOURCE``: ``stdlib`` (default), a local file or directory, or a hub name."""
-    from posbench.data import hub
-
     spec = (spec or corpus.NAME).strip()
     if spec.lower() in (corpus.NAME, "builtin", "default"):
         return TextSource(spec=corpus.NAME, kind="builtin", text_field="text")

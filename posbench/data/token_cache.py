@@ -57,6 +57,8 @@ import numpy as np
 
 from posbench.data.cache_files import damaged, hash_tokens, read_state, write_state
 from posbench.data.errors import DataError
+from posbench.data.producer import produce
+from posbench.data.progress import DataBar
 from posbench.errors import EnvironmentFault, UserError, os_error
 
 FORMAT = 2
@@ -338,9 +340,6 @@ class TokenCache:
         return os.environ.get("RANK", "0") == "0"
 
     def _produce(self) -> None:
-        from posbench.data.producer import produce
-        from posbench.data.progress import DataBar
-
         self.bar = DataBar(self.label, self.budget, "tok", enabled=None if self._show_progress() else False)
         final = produce(self, self._source, self._tokenizer)      # its last commit wrote complete.json
         self.bar.close()                # its last line before any consumer goes on (and maybe exits)

@@ -25,7 +25,13 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer as HFTok
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
 from posbench.data.errors import DataError
+from posbench.data.hub_env import hub_offline
+from posbench.data.hub_errors import explain
+from posbench.data.progress import apply_to
 from posbench.files import check_name
 
 DEFAULT_BPE_VOCAB = 4096
@@ -94,9 +100,6 @@ class BPETokenizer(Tokenizer):
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = DEFAULT_BPE_VOCAB, min_frequency: int = 2,
               trained_on: dict[str, Any] | None = None) -> BPETokenizer:
-        from tokenizers import Tokenizer as HFTok
-        from tokenizers import decoders, models, pre_tokenizers, trainers
-
         if vocab_size < 256 + len(BPE_SPECIALS):
             raise DataError(f"a byte-level BPE needs a vocabulary of at least {256 + len(BPE_SPECIALS)}, "
                             f"got {vocab_size}")
@@ -111,8 +114,6 @@ class BPETokenizer(Tokenizer):
 
     @classmethod
     def load(cls, path: str | Path) -> BPETokenizer:
-        from tokenizers import Tokenizer as HFTok
-
         path = Path(path)
         if path.is_dir():
             path = path / cls.FILE
@@ -167,13 +168,9 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def load(cls, name_or_path: str) -> HFTokenizer:
-        from posbench.data.hub_env import hub_offline
-
         path = Path(os.path.expanduser(name_or_path))
         try:
-            import transformers
-
-            from posbench.data.progress import apply_to
+            import transformers  # transformers: only a Hugging Face tokenizer needs it
 
             apply_to(transformers)
             if path.is_file():
@@ -192,8 +189,6 @@ class HFTokenizer(Tokenizer):
         except DataError:
             raise
         except Exception as exc:   # noqa: BLE001 - offline, unknown name, bad files: one line
-            from posbench.data.hub_errors import explain
-
             if "trust_remote_code" in str(exc):     # never asked, never run (trust_remote_code=False)
                 raise DataError(f"cannot load tokenizer '{name_or_path}': it needs its own Python code "
                                 f"(auto_map, trust_remote_code), which posbench never runs; pass a tokenizer that "

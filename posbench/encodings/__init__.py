@@ -1,7 +1,9 @@
 """Positional encodings: the contract (``PositionalEncoding``) and the registry (``ENCODINGS``).
 
-Importing this package imports every module in ``posbench/encodings/`` (``posbench.registry.import_folder``), so
-each encoding registers itself by subclassing: a file dropped into this folder needs no other edit. Third-party
+Each encoding registers itself by subclassing when its module is imported: ``ENCODINGS[name]`` imports a built-in
+one's module alone (``posbench/catalog.py`` names it), and listing the encodings, or asking for a name the catalog
+does not know, imports every module in ``posbench/encodings/`` (``posbench.registry.import_folder``): a file dropped
+into this folder needs no other edit. Third-party
 encodings come through the ``posbench.encodings`` entry-point group or ``--plugins``.
 """
 
@@ -11,8 +13,5 @@ SHIPPED = ("abacus", "alibi", "base", "cope", "dape", "fire", "kerple", "nope", 
 
 from posbench.model.bias import ScoreBias  # noqa: E402
 from posbench.encodings.base import ENCODINGS, PositionalEncoding  # noqa: E402
-from posbench.registry import import_folder  # noqa: E402
-
-import_folder(__name__, __path__)
 
 __all__ = ["ENCODINGS", "PositionalEncoding", "ScoreBias"]

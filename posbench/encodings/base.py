@@ -68,6 +68,7 @@ and every resolved option is recorded in the model's config. An option only a ta
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, ClassVar
 
 import torch
@@ -171,8 +172,6 @@ class PositionalEncoding(Configurable, nn.Module):
 def check_hook_names(cls: type) -> None:
     """Refuse a method that looks like a misspelled hook (``embedd``, ``init_weight``): the model would never call
     it, and the encoding would silently put no signal in (NoPE). A ``TypeError`` naming the hook it resembles."""
-    import difflib
-
     known = set(dir(nn.Module)) | set(dir(PositionalEncoding))
     for attr, value in cls.__dict__.items():
         if attr.startswith("_") or attr in known or not callable(value):

@@ -14,30 +14,10 @@ These values are losses (lower is better), not the percentages an arithmetic pro
 
 from __future__ import annotations
 
-import re
-
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
+from posbench.evaluation.probe_names import NAME, PREFIX, factor_of, is_length_loss, probe_name
 
-PREFIX = "nll_"
-NAME = re.compile(r"nll_([0-9]+(?:\.[0-9]+)?)x")
-
-
-def probe_name(factor: float) -> str:
-    """``nll_2x`` for 2 (``nll_1.5x`` for 1.5)."""
-    return f"{PREFIX}{factor:g}x"
-
-
-def is_length_loss(name: str) -> bool:
-    """Whether a probe value is one of this probe's losses (not a percentage)."""
-    return NAME.fullmatch(name) is not None
-
-
-def factor_of(name: str) -> float:
-    """The length factor of a probe value's name (``nll_4x`` -> 4.0)."""
-    found = NAME.fullmatch(name)
-    if found is None:
-        raise ValueError(f"'{name}' is not a held-out loss of the length probe")
-    return float(found.group(1))
+__all__ = ["NAME", "PREFIX", "factor_of", "heldout_losses", "is_length_loss", "probe_name"]
 
 
 def heldout_losses(model, tokens, lengths: dict[float, int], *, device, batch_size: int,

@@ -31,8 +31,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from posbench import catalog
 from posbench.errors import UserError
 from posbench.evaluation.outcome import Metric
+from posbench.registry import beyond_catalog
 from posbench.stats import seed_interval
 
 #: how a row's seeds pool: name -> function of the seeds' values (an object with ``mean``, ``half_width``, ``n``)
@@ -78,8 +80,10 @@ def pattern(name: str) -> re.Pattern:
 
 
 class MetricRegistry:
-    """The declarations of every task's metrics, by task. Reading it first imports the tasks (the built-in ones,
-    the plugins, the entry points), whose modules declare their metrics."""
+    """The declarations of every task's metrics, by task. Reading it first takes the built-in tasks' declarations
+    from ``posbench.catalog`` (no torch), or, where a task beyond the catalog may be registered
+    (``registry.beyond_catalog``), imports the tasks (the built-in ones, the plugins, the entry points), whose
+    modules declare their metrics."""
 
     def __init__(self, tasks_package: str = "posbench.tasks"):
         self.tasks_package = tasks_package
@@ -130,6 +134,11 @@ class MetricRegistry:
             raise MetricError(f"task '{task}' declares no metric '{name}'.{hint} {listed}")
         return found
 
+    def declared(self, task: str) -> list[MetricSpec]:
+        """The declarations of ``task`` made so far, without reading any (``posbench.catalog_build`` takes the
+        built-in tasks' from their own modules, which it has imported)."""
+        return list(self._specs.get(str(task), []))
+
     def of(self, task: str) -> list[MetricSpec]:
         """The task's declarations, in the order they were made."""
         self._load()
@@ -165,6 +174,10 @@ class MetricRegistry:
             return
         self._loaded = True               # first: a task's module declares its metrics while it is imported
         try:
+            if self.tasks_package == "posbench.tasks" and not beyond_catalog("task"):
+                for entry in catalog.METRICS:        # the built-in tasks' declarations, read without importing them
+                    self.add(MetricSpec(**entry))
+                return
             tasks = importlib.import_module(self.tasks_package)      # the built-in tasks declare theirs
             len(tasks.TASKS)                                         # the plugins and the entry points theirs
         except Exception:

@@ -22,10 +22,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys
+from transformers import DynamicCache
 
+from posbench.errors import ConfigError
+from posbench.hf.loading import default_dtype, describe, load_llama
+from posbench.hf.methods import apply_method
+from posbench.hf.saving import load_extended, weights_digest
 from posbench.model.generate import greedy_generate
 from posbench.hf.cache_api import cache_kwargs
 from posbench.hf.rope import llama_of
+from posbench.train.device import pick_device
 
 
 @dataclass
@@ -93,8 +99,6 @@ class HFCausalLM(nn.Module):
     def new_cache(self, capacity: int = 0):
         """transformers' ``DynamicCache`` (it grows by concatenation; ``capacity``, posbench's preallocation
         hint, is not needed)."""
-        from transformers import DynamicCache
-
         return DynamicCache(config=self.llama.config)
 
     @torch.no_grad()
@@ -162,11 +166,6 @@ def load_pretrained(source: Any, config: Any, vocab_size: int) -> tuple[HFCausal
     """A pretrained (or extended) model named by ``--init`` for a task to evaluate or train, and the ``init``
     record of the result. Trainable parts (the method's, embeddings, norms) require gradients only when the run
     trains (``train.steps`` > 0)."""
-    from posbench.errors import ConfigError
-    from posbench.hf.loading import default_dtype, describe
-    from posbench.hf.saving import load_extended, weights_digest
-    from posbench.train.device import pick_device
-
     attention = config.model.get("attention", "auto")
     if attention not in ATTENTION:
         raise ConfigError(f"model.attention={attention!r}: a Hugging Face model runs with {', '.join(ATTENTION)}")
@@ -194,9 +193,6 @@ def extended_model(model_dir: str, method: Any, scale: float, length: int, label
     """The pretrained Llama in ``model_dir`` with ``method`` applied for ``length`` tokens: RoPE interpolated by
     ``scale`` (and theta set), the method's modules added, what trains marked; the attention it trains with
     (LongLoRA's shifted sparse attention) selected."""
-    from posbench.hf.loading import default_dtype, describe, load_llama
-    from posbench.hf.methods import apply_method
-
     model = load_llama(model_dir, dtype=default_dtype(device), device="cpu")
     base_parameters = sum(p.numel() for p in model.parameters())
     model = apply_method(model, method, scale, length)

@@ -28,11 +28,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from torch import Tensor
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from posbench.files import json_object
+from posbench.data.char import CharTokenizer
+from posbench.data.errors import DataError
+from posbench.data.progress import library_bars_off
+from posbench.data.tokenizer import BPETokenizer, ByteTokenizer, HFTokenizer, tokenizer_from_spec
+from posbench.files import atomic_write_json, json_object, read_json, sha256_file
+from posbench.hf.export_extended import export_extended
+from posbench.hf.export_llama import from_llama, llama_config, model_config_from_llama, to_llama
+from posbench.hf.export_tokenizer import hf_tokenizer, posbench_tokenizer, spec_of
+from posbench.hf.loading import _quiet
+from posbench.hf.modeling import MODEL_FIELDS, PosbenchConfig, PosbenchForCausalLM
+from posbench.model import Transformer
 from posbench.model.config import BACKBONE, ModelConfig, current_names
 from posbench.hf.export_dir import ExportError, building, check_target
+from posbench.train.checkpoint import CONFIG, WEIGHTS, checkpoint_path
 
 FORMAT = 1
 META_FILE = "posbench_export.json"
@@ -70,9 +83,6 @@ def run_task(run_dir: str | Path) -> str | None:
 
 def read_run(run_dir: str | Path) -> RunModel:
     """The trained model, its configuration and its tokenizer of a posbench run directory (one-line errors)."""
-    from posbench.files import read_json
-    from posbench.train.checkpoint import CONFIG, WEIGHTS, checkpoint_path
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ExportError(f"{run_dir} is not a posbench run directory (no such directory)")
@@ -100,10 +110,6 @@ def read_run(run_dir: str | Path) -> RunModel:
 def run_tokenizer(run_dir: Path, task: str, config: dict[str, Any], result: dict[str, Any] | None):
     """The tokenizer a run used: the one its result records, the arithmetic task's character tokenizer, or (an
     unfinished run) the one its task options name and its directory holds."""
-    from posbench.data.char import CharTokenizer
-    from posbench.data.errors import DataError
-    from posbench.data.tokenizer import BPETokenizer, ByteTokenizer, HFTokenizer, tokenizer_from_spec
-
     spec = ((result or {}).get("data") or {}).get("tokenizer")
     try:
         if isinstance(spec, dict):
@@ -130,47 +136,33 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, force: bool = False)
     (``posbench_export.json``, plus ``path``)."""
     out_dir = Path(out_dir)
     if run_task(run_dir) == "extend":
-        from posbench.hf.export_extended import export_extended
-
         return export_extended(Path(run_dir), out_dir, force=force)
     check_target(out_dir, force)
     run = read_run(run_dir)
     with building(out_dir, force) as tmp:
         kind = _write_model(run, tmp)
-        from posbench.hf.export_tokenizer import hf_tokenizer, spec_of
-
         tokenizer = hf_tokenizer(run.tokenizer)
         tokenizer.model_max_length = int(run.model_config["max_seq_len"])     # the length trained at
         tokenizer.save_pretrained(str(tmp))
         meta = {"format": FORMAT, "kind": kind, "model_config": run.model_config, "tokenizer": spec_of(run.tokenizer),
                 "source": {"run": str(run.run_dir), "run_id": run.run_dir.name, "task": run.task,
                            "encoding": run.encoding, "checkpoint_sha256": _sha256(run.weights)}}
-        from posbench.files import atomic_write_json
-
         atomic_write_json(tmp / META_FILE, meta)
     return {**meta, "path": str(out_dir)}
 
 
 def _write_model(run: RunModel, directory: Path) -> str:
     """save_pretrained of the run's model in ``directory``; returns the kind (``llama`` or ``posbench``)."""
-    from posbench.hf.loading import _quiet
-
     _quiet()
     tok = run.tokenizer
     ids = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
     if run.encoding == "rope" and default_backbone(run.model_config):
-        from transformers import LlamaForCausalLM
-
-        from posbench.hf.export_llama import llama_config, to_llama
-
         config = llama_config(run.model_config, bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id)
         with torch.device("meta"):
             model = LlamaForCausalLM(config)
         _load_into(model, to_llama(run.state_dict, int(run.model_config["n_layers"])), run.run_dir)
         kind = "llama"
     else:
-        from posbench.hf.modeling import PosbenchConfig, PosbenchForCausalLM
-
         config = PosbenchConfig.from_model_config(run.model_config, **ids)
         config.auto_map = dict(AUTO_MAP)
         with torch.device("meta"):
@@ -181,8 +173,6 @@ def _write_model(run: RunModel, directory: Path) -> str:
         kind = "posbench"
     for key, value in ids.items():
         setattr(model.generation_config, key, value)
-    from posbench.data.progress import library_bars_off
-
     with library_bars_off():
         model.save_pretrained(str(directory))
     return kind
@@ -224,8 +214,6 @@ def is_export(directory: str | Path) -> bool:
 
 def read_export_meta(directory: str | Path) -> dict[str, Any]:
     """``posbench_export.json`` (JSON only: no model is loaded); ``meta["model_config"]`` is the ModelConfig."""
-    from posbench.files import read_json
-
     path = Path(directory) / META_FILE
     meta = read_json(path, missing=f"{directory} is not a posbench export (no {META_FILE})", error=ExportError)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("kind") not in ("llama", "posbench"):
@@ -236,25 +224,17 @@ def read_export_meta(directory: str | Path) -> dict[str, Any]:
 def read_export(directory: str | Path) -> Exported:
     """An export's ModelConfig, weights (posbench names) and tokenizer. The architecture is read from the
     exported ``config.json`` (what transformers loads), not from the description."""
-    from posbench.hf.export_tokenizer import posbench_tokenizer
-
     directory = Path(directory)
     meta = read_export_meta(directory)
     recorded = dict(meta.get("model_config") or {})
     state = _load_safetensors(_weight_files(directory))
     if meta["kind"] == "llama":
-        from transformers import LlamaConfig
-
-        from posbench.hf.export_llama import from_llama, model_config_from_llama
-
         extra = {k: v for k, v in (recorded.get("encoding_options") or {}).items() if k == "random_offset"}
         model_config = model_config_from_llama(LlamaConfig.from_pretrained(str(directory)), extra)
         state = from_llama(state, model_config["n_layers"])
         defaults = ModelConfig()        # a Llama is the pre-norm decoder
         model_config.update({name: getattr(defaults, name) for name in BACKBONE if name not in model_config})
     else:
-        from posbench.hf.modeling import MODEL_FIELDS, PosbenchConfig
-
         config = PosbenchConfig.from_pretrained(str(directory))
         model_config = {name: getattr(config, name) for name in MODEL_FIELDS}
         state = {k.removeprefix("model."): v for k, v in state.items()}
@@ -264,8 +244,6 @@ def read_export(directory: str | Path) -> Exported:
 
 def load_export(directory: str | Path, device: str | torch.device = "cpu"):
     """``(Transformer, tokenizer)``: an export as posbench's own model (eval mode) and tokenizer."""
-    from posbench.model import ModelConfig, Transformer
-
     exported = read_export(directory)
     model = Transformer(ModelConfig(**current_names(exported.model_config)))
     try:
@@ -287,8 +265,6 @@ def _weight_files(directory: Path) -> list[Path]:
 
 
 def _load_safetensors(paths: list[Path]) -> dict[str, Tensor]:
-    from safetensors.torch import load_file
-
     state: dict[str, Tensor] = {}
     for path in paths:
         try:
@@ -300,6 +276,4 @@ def _load_safetensors(paths: list[Path]) -> dict[str, Tensor]:
 
 
 def _sha256(path: Path) -> str:
-    from posbench.files import sha256_file
-
     return sha256_file(path)

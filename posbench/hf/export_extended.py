@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from posbench.hf.export_dir import ExportError, building, check_target
+from posbench.hf.loading import load_tokenizer, read_config_json
+from posbench.hf.rope import llama_of, set_context
+from posbench.hf.saving import load_extended, read_meta, write_extended
 
 MODEL_SUBDIR = "checkpoint/model"
 
@@ -30,10 +33,6 @@ MODEL_SUBDIR = "checkpoint/model"
 def export_extended(run_dir: Path, out_dir: Path, *, force: bool = False) -> dict[str, Any]:
     """Write the extended model of the ``extend`` run in ``run_dir`` to ``out_dir``; returns a description
     (``kind``, ``source``, ``tokenizer``, ``path``) like ``export_run``'s."""
-    from posbench.hf.loading import load_tokenizer
-    from posbench.hf.rope import llama_of, set_context
-    from posbench.hf.saving import load_extended, read_meta, write_extended
-
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     model_dir = run_dir / MODEL_SUBDIR
     if not (run_dir / "result.json").is_file() or read_meta(model_dir) is None:
@@ -53,8 +52,6 @@ def export_extended(run_dir: Path, out_dir: Path, *, force: bool = False) -> dic
     with building(out_dir, force) as tmp:
         write_extended(merged if merged is not None else model, None if merged is not None else method, tmp,
                        description, tokenizer)
-    from posbench.hf.loading import read_config_json
-
     kind = (read_config_json(out_dir) or {}).get("model_type", "llama")
     return {"kind": kind, "path": str(out_dir), "tokenizer": {"kind": "hf"}, "length": length,
             "source": {"run": str(run_dir), "run_id": run_dir.name, "task": "extend",

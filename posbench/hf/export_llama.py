@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
+from transformers import LlamaConfig
 
 from posbench.errors import UserError
 
@@ -49,8 +51,6 @@ def rope_parameters(options: dict[str, Any]) -> dict[str, Any]:
 
 def llama_config(model_config: dict[str, Any], *, bos_id: int | None, eos_id: int | None, pad_id: int | None):
     """The ``LlamaConfig`` of a posbench RoPE ``ModelConfig`` (as a dict)."""
-    from transformers import LlamaConfig
-
     if model_config.get("encoding") != "rope":
         raise LlamaExportError(f"only a RoPE model is a Llama; this one uses {model_config.get('encoding')!r}")
     d, heads = int(model_config["d_model"]), int(model_config["n_heads"])
@@ -115,8 +115,6 @@ def to_llama(state: dict[str, Tensor], n_layers: int) -> dict[str, Tensor]:
 
 def from_llama(state: dict[str, Tensor], n_layers: int) -> dict[str, Tensor]:
     """``LlamaForCausalLM`` weights -> posbench RoPE weights (the inverse of :func:`to_llama`)."""
-    import torch
-
     out: dict[str, Tensor] = {}
     left = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     for ours, theirs in GLOBAL_NAMES.items():

@@ -23,6 +23,12 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as Pipeline
+from transformers import PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+import posbench.hf.modeling  # noqa: F401 - registers model_type 'posbench': AutoTokenizer reads config.json
 from posbench.data.char import CHARS, CharTokenizer
 from posbench.data.char import SPECIALS as CHAR_SPECIALS
 from posbench.data.tokenizer import BPE_SPECIALS, BPETokenizer, ByteTokenizer, HFTokenizer, Tokenizer
@@ -50,8 +56,6 @@ def hf_tokenizer(tokenizer):
     if isinstance(tokenizer, CharTokenizer):
         return _char_tokenizer(tokenizer.chars)
     if isinstance(tokenizer, BPETokenizer):
-        from transformers import PreTrainedTokenizerFast
-
         pad, bos, eos = BPE_SPECIALS
         return PreTrainedTokenizerFast(tokenizer_object=copy.deepcopy(tokenizer.tok), bos_token=bos, eos_token=eos,
                                        pad_token=pad)
@@ -61,11 +65,6 @@ def hf_tokenizer(tokenizer):
 
 
 def _byte_tokenizer():
-    from tokenizers import Tokenizer as Pipeline
-    from tokenizers import decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
     symbol = bytes_to_unicode()                       # byte -> the printable character byte-level BPEs use
     pipeline = Pipeline(models.BPE(vocab={symbol[b]: b for b in range(256)}, merges=[]))
     pipeline.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -77,11 +76,6 @@ def _byte_tokenizer():
 
 
 def _char_tokenizer(chars: str):
-    from tokenizers import Regex
-    from tokenizers import Tokenizer as Pipeline
-    from tokenizers import decoders, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     pad, unk, bos, eos = CHAR_SPECIALS
     vocab = {name: i for i, name in enumerate(CHAR_SPECIALS)}
     vocab.update({c: i + len(CHAR_SPECIALS) for i, c in enumerate(chars)})
@@ -106,7 +100,5 @@ def posbench_tokenizer(spec: dict[str, Any], directory: Path) -> Tokenizer | Cha
     if kind == "bpe":
         return BPETokenizer.load(Path(directory) / BPETokenizer.FILE)
     if kind == "hf":
-        import posbench.hf.modeling  # noqa: F401 - registers model_type 'posbench': AutoTokenizer reads config.json
-
         return HFTokenizer.load(str(directory))
     raise TokenizerExportError(f"{directory}: unknown tokenizer kind {kind!r}")

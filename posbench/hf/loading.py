@@ -13,8 +13,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import huggingface_hub
 import torch
 
+from posbench.data.errors import DataError
+from posbench.data.hub_env import hub_offline
+from posbench.data.hub_errors import explain
+from posbench.data.progress import apply_to
+from posbench.data.tokenizer import HFTokenizer
 from posbench.errors import UserError
 from posbench.files import json_object
 
@@ -26,24 +32,28 @@ class HFModelError(UserError):
 LOCAL_HINT = "pass a local directory in the save_pretrained layout (config.json, *.safetensors, tokenizer files)"
 
 
-def _quiet() -> None:
-    """transformers and peft warn about deprecations that are theirs, not the user's; the download and
-    loading bars follow ``posbench.data.progress.library_progress`` (on unless ``--quiet``)."""
-    import huggingface_hub
-    import transformers
-
-    from posbench.data.progress import apply_to
+def _quiet():
+    """``transformers``, quiet: transformers and peft warn about deprecations that are theirs, not the user's; the
+    download and loading bars follow ``posbench.data.progress.library_progress`` (on unless ``--quiet``)."""
+    import transformers  # transformers: heavy, only a Hugging Face model needs it
 
     transformers.logging.set_verbosity_error()
     apply_to(transformers)
     apply_to(huggingface_hub)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\b.*")
+    return transformers
+
+
+def tape_model():
+    """``posbench.hf.tape_model``: TAPE's Llama as a transformers model type, registered when it is imported (so that
+    AutoConfig and AutoTokenizer read a saved one)."""
+    from posbench.hf import tape_model as module  # transformers: only a TAPE Llama or a tokenizer needs it
+
+    return module
 
 
 def hub_failure(exc: BaseException, name: str) -> str | None:
     """One line for a hub failure of the model ``name`` (gated, missing, offline...), or None."""
-    from posbench.data.hub_errors import explain
-
     return explain(exc, name, repo_type="model", offline=LOCAL_HINT)
 
 
@@ -53,8 +63,6 @@ def is_local(name_or_path: str | Path) -> bool:
 
 def local_files_only(name_or_path: str | Path) -> bool:
     """True for a local directory, and for a hub name while the hub is marked offline (then it is an error)."""
-    from posbench.data.hub_env import hub_offline
-
     if is_local(name_or_path):
         return True
     if hub_offline():
@@ -70,9 +78,7 @@ def read_config_json(directory: Path) -> dict[str, Any] | None:
 
 def load_config(name_or_path: str | Path):
     """The model's ``LlamaConfig``; refuses anything that is not a Llama."""
-    _quiet()
-    from transformers import AutoConfig, LlamaConfig
-
+    transformers = _quiet()
     name = str(name_or_path)
     local = local_files_only(name)
     if local:
@@ -87,13 +93,13 @@ def load_config(name_or_path: str | Path):
                                f"posbench extends LlamaForCausalLM models")
         name = str(path)
     try:
-        config = AutoConfig.from_pretrained(name, local_files_only=local)
+        config = transformers.AutoConfig.from_pretrained(name, local_files_only=local)
     except Exception as exc:  # noqa: BLE001 - missing files, bad JSON, network: one line
         message = None if local else hub_failure(exc, str(name_or_path))
         if message:                                  # gated / not found / offline keep their meaning
             raise HFModelError(message) from None
         raise HFModelError(f"cannot read the config of '{name_or_path}' ({type(exc).__name__}): {LOCAL_HINT}") from None
-    if not isinstance(config, LlamaConfig):
+    if not isinstance(config, transformers.LlamaConfig):
         raise HFModelError(f"'{name_or_path}' is a '{config.model_type}' model, not a Llama")
     return config
 
@@ -106,22 +112,19 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
 def load_llama(name_or_path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
                attention: str = "sdpa"):
     """``LlamaForCausalLM.from_pretrained`` with posbench's checks; weights on ``device`` in ``dtype``."""
-    from transformers import LlamaForCausalLM
-
-    return _load(LlamaForCausalLM, load_config(name_or_path), name_or_path, dtype, device, attention)
+    return _load(_quiet().LlamaForCausalLM, load_config(name_or_path), name_or_path, dtype, device, attention)
 
 
 def load_tape_llama(directory: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
                     attention: str = "sdpa"):
     """A saved TAPE-extended Llama (``posbench.hf.tape_model``), as ``load_llama`` loads a Llama."""
     _quiet()
-    from posbench.hf.tape_model import TapeLlamaConfig, TapeLlamaForCausalLM
-
+    tape = tape_model()
     try:
-        config = TapeLlamaConfig.from_pretrained(str(directory))
+        config = tape.TapeLlamaConfig.from_pretrained(str(directory))
     except Exception as exc:  # noqa: BLE001 - missing or bad config: one line
         raise HFModelError(f"cannot read the config of '{directory}' ({type(exc).__name__})") from None
-    return _load(TapeLlamaForCausalLM, config, directory, dtype, device, attention)
+    return _load(tape.TapeLlamaForCausalLM, config, directory, dtype, device, attention)
 
 
 def _load(cls, config, name_or_path: str | Path, dtype: torch.dtype | None, device: str | torch.device,
@@ -144,10 +147,7 @@ def _load(cls, config, name_or_path: str | Path, dtype: torch.dtype | None, devi
 
 def load_tokenizer(name_or_path: str | Path):
     """The model's tokenizer as a posbench ``Tokenizer`` (``posbench.data.tokenizer.HFTokenizer``)."""
-    from posbench.data.errors import DataError
-    from posbench.data.tokenizer import HFTokenizer
-    from posbench.hf import tape_model  # noqa: F401  (its model type registered: AutoTokenizer reads config.json)
-
+    tape_model()            # registers its model type: AutoTokenizer reads config.json
     _quiet()
     try:
         return HFTokenizer.load(str(name_or_path))

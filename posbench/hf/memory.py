@@ -23,6 +23,7 @@ GPU, SDPA's memory-efficient kernel takes the wide values in one call, with the 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -32,6 +33,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from transformers import LlamaForCausalLM
+
+from posbench.files import atomic_write_json
+from posbench.hf.adapter import enable_checkpointing
+from posbench.hf.methods import apply_method, make_method
+from posbench.hf.rope import llama_of
+from posbench.hf.tape_llama import TapeAttention
+from posbench.hf.tiny import tiny_config
 
 GiB = 1024 ** 3
 LLAMA2_7B = {"hidden": 4096, "layers": 32, "heads": 32, "kv_heads": 32, "intermediate": 11008, "vocab": 32000}
@@ -79,17 +89,6 @@ def _status() -> dict[str, int]:
 
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
-    import gc
-
-    import torch
-    from transformers import LlamaForCausalLM
-
-    from posbench.hf.adapter import enable_checkpointing
-    from posbench.hf.methods import apply_method, make_method
-    from posbench.hf.rope import llama_of
-    from posbench.hf.tape_llama import TapeAttention
-    from posbench.hf.tiny import tiny_config
-
     torch.set_num_threads(spec.get("threads", 1))
     torch.manual_seed(0)
     n = spec["length"]
@@ -215,8 +214,6 @@ def main(argv: list[str] | None = None) -> None:
     for key, f in fits.items():
         print(f"  {key}: {extrapolate(f, LLAMA2_7B, 8192) / GiB:.1f}")
     if args.out:
-        from posbench.files import atomic_write_json
-
         atomic_write_json(args.out, {"small_model": SMALL, "measurements": rows,
                                      "fits": {k: vars(v) for k, v in fits.items()}, "estimate_7b_8192": table})
 

@@ -31,19 +31,23 @@ the method is made, as every encoding's and task's.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from posbench.errors import ConfigError
 from posbench.options import Bound, Configurable, Option, at_least, positive
 from posbench.encodings.tape import TAPE as TapeEncoding
-from posbench.hf.loading import head_dim
-from posbench.hf.rope import dynamic_ntk_rope_parameters, llama_of, scaled_rope_parameters, yarn_rope_parameters
+from posbench.hf.loading import HFModelError, head_dim, load_llama, load_tape_llama, read_config_json, tape_model
+from posbench.hf.rope import (dynamic_ntk_rope_parameters, llama_of, scaled_rope_parameters, set_rope,
+                              yarn_rope_parameters)
+from posbench.hf.s2attn import group_size, register
 from posbench.registry import Registry
 
 METHODS: Registry = Registry("method")
@@ -120,8 +124,6 @@ class Method(Configurable):
     def load_model(self, directory: Path, **how: Any) -> nn.Module:
         """The saved model in ``directory`` (``how``: dtype, device, attention, as ``load_llama`` takes them):
         the Llama with the method's tensors loaded."""
-        from posbench.hf.loading import load_llama
-
         return self.load(load_llama(directory, **how), Path(directory))
 
     def base_state_dict(self, model) -> dict[str, torch.Tensor]:
@@ -167,7 +169,7 @@ class TapeMethod(Method):
     OPTIONS = {key: TapeEncoding.OPTIONS[key] for key in ("position_size", "gate", "random_offset")}
 
     def convert(self, model):
-        from posbench.hf.tape_llama import convert_to_tape
+        from posbench.hf.tape_llama import convert_to_tape  # transformers: only a TAPE Llama needs it
 
         convert_to_tape(model, self.options["position_size"], self.options["gate"], self.options["random_offset"])
         return model
@@ -202,25 +204,15 @@ class TapeMethod(Method):
     def save(self, model, directory: Path) -> list[str]:
         """The saved state becomes a ``TapeLlamaForCausalLM``: config.json of its type (which transformers loads
         only with posbench's code, never as a plain Llama without TAPE) and its remote-code files."""
-        from posbench.hf.rope import llama_of
-        from posbench.hf.tape_model import write_tape_files
-
         config = llama_of(model).config
-        return write_tape_files(config, self.resolved_options(config), directory)
+        return tape_model().write_tape_files(config, self.resolved_options(config), directory)
 
     def load_model(self, directory: Path, **how: Any):
-        from posbench.hf.loading import load_tape_llama, read_config_json
-        from posbench.hf.tape_model import MODEL_TYPE
-
-        if (read_config_json(Path(directory)) or {}).get("model_type") == MODEL_TYPE:
+        if (read_config_json(Path(directory)) or {}).get("model_type") == tape_model().MODEL_TYPE:
             return load_tape_llama(directory, **how)
         return super().load_model(directory, **how)          # saved before the TAPE model type: tape.safetensors
 
     def load(self, model, directory: Path):
-        from safetensors.torch import load_file
-
-        from posbench.hf.loading import HFModelError
-
         model = self.convert(model)
         path = directory / TAPE_FILE
         try:
@@ -251,17 +243,13 @@ class LoraMethod(Method):
     ADAPTER_DIR = "adapter"
 
     def lora_config(self):
-        from peft import LoraConfig
-
-        return LoraConfig(r=self.options["r"], lora_alpha=self.options["alpha"],
-                          lora_dropout=self.options["dropout"], target_modules=list(LORA_TARGETS), bias="none",
-                          task_type="CAUSAL_LM")
+        return peft_library().LoraConfig(r=self.options["r"], lora_alpha=self.options["alpha"],
+                                         lora_dropout=self.options["dropout"], target_modules=list(LORA_TARGETS),
+                                         bias="none", task_type="CAUSAL_LM")
 
     def convert(self, model):
-        from peft import get_peft_model
-
         with quiet_deprecations():
-            return get_peft_model(model, self.lora_config())
+            return peft_library().get_peft_model(model, self.lora_config())
 
     def is_method_parameter(self, name: str) -> bool:
         return ".lora_" in name
@@ -279,8 +267,6 @@ class LoraMethod(Method):
 
     def merged(self, model):
         """W + (alpha / r) B A in every adapted projection (peft's ``merge_and_unload``), on a copy."""
-        import copy
-
         with quiet_deprecations():
             return copy.deepcopy(model).merge_and_unload()
 
@@ -289,13 +275,10 @@ class LoraMethod(Method):
         return [self.ADAPTER_DIR]
 
     def load(self, model, directory: Path):
-        from peft import PeftModel
-
-        from posbench.hf.loading import HFModelError
-
         try:
             with quiet_deprecations():
-                return PeftModel.from_pretrained(model, str(directory / self.ADAPTER_DIR), is_trainable=True)
+                return peft_library().PeftModel.from_pretrained(model, str(directory / self.ADAPTER_DIR),
+                                                                is_trainable=True)
         except Exception as exc:  # noqa: BLE001
             raise HFModelError(f"cannot load the LoRA adapter in {directory / self.ADAPTER_DIR} "
                                f"({type(exc).__name__})") from None
@@ -309,21 +292,15 @@ class LongLoraMethod(LoraMethod):
                                      Bound(0, 1, low_strict=True))}
 
     def convert(self, model):
-        from posbench.hf.s2attn import register
-
         register()
         for layer in model.model.layers:
             layer.self_attn.s2_group_ratio = self.options["group_ratio"]
         return super().convert(model)
 
     def training_attention(self) -> str | None:
-        from posbench.hf.s2attn import register
-
         return register()
 
     def check_length(self, length: int) -> None:
-        from posbench.hf.s2attn import group_size
-
         group_size(length, self.options["group_ratio"])
 
 
@@ -401,6 +378,13 @@ def quiet_deprecations():
         yield
 
 
+def peft_library():
+    """``peft``, imported when a LoRA method first needs it."""
+    import peft  # peft: heavy (it imports transformers), only the LoRA methods need it
+
+    return peft
+
+
 def make_method(name: str, options: dict[str, Any] | None = None) -> Method:
     return METHODS.get(name)(**(options or {}))
 
@@ -408,8 +392,6 @@ def make_method(name: str, options: dict[str, Any] | None = None) -> Method:
 def apply_method(model, method: Method, scale: float, length: int):
     """Interpolate RoPE by ``scale`` (and set theta) for ``length`` tokens, add the method's modules, and mark what
     trains; returns the model to train."""
-    from posbench.hf.rope import set_rope
-
     set_rope(model, method.rope_parameters(model.config, scale), length)
     model = method.convert(model)
     method.mark_trainable(model)

@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers import (AutoConfig, AutoModelForCausalLM, DynamicCache, GenerationMixin, PreTrainedConfig,
+                          PreTrainedModel)
 from transformers import initialization as init
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -142,8 +143,6 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError("a posbench model takes a 2-D attention_mask [batch, tokens] (1: a token, 0: a pad)")
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and cache is None:
-            from transformers import DynamicCache
-
             cache = DynamicCache(config=self.config)
         # a looped model (posbench's recurrences) keeps one cache layer per block and pass, more than the config's
         # num_hidden_layers, which a cache made from the config (here, or by generate) holds

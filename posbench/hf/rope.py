@@ -85,7 +85,7 @@ def dynamic_ntk_rope_parameters(config, scale: float) -> dict[str, Any]:
 
 def set_rope(model, rope_parameters: dict[str, Any], max_positions: int) -> None:
     """Write the RoPE parameters and the new context length into ``model.config`` and rebuild its rotary table."""
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # transformers: a Llama given
 
     base = llama_of(model)
     config = base.config

@@ -77,7 +77,7 @@ def s2_attention(q: Tensor, k: Tensor, v: Tensor, ratio: float = DEFAULT_GROUP_R
 def s2_attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                          dropout: float = 0.0, scaling: float | None = None, **kwargs):
     """The ``AttentionInterface`` entry: S²-Attn in training, the model's full ``sdpa`` attention otherwise."""
-    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward  # transformers: Llama only
 
     if not module.training:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -93,7 +93,7 @@ def s2_attention_forward(module, query: Tensor, key: Tensor, value: Tensor, atte
 
 def register() -> str:
     """Register the function in transformers' ``AttentionInterface`` (idempotent); returns its name."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # transformers: only a LongLoRA run needs it
 
     AttentionInterface.register(S2_ATTENTION, s2_attention_forward)
     return S2_ATTENTION

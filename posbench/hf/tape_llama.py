@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from transformers.models.llama.modeling_llama import ALL_ATTENTION_FUNCTIONS, eager_attention_forward
 
 from posbench.encodings.rope import training_offset
 from posbench.encodings.tape import TAPELayer, rotate_by_state
@@ -154,8 +155,6 @@ class TapeAttention(nn.Module):
         return self.o_proj(y), None
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, attention_mask, **kwargs) -> Tensor:
-        from transformers.models.llama.modeling_llama import ALL_ATTENTION_FUNCTIONS, eager_attention_forward
-
         implementation = self.config._attn_implementation
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         options = dict(dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs)

@@ -18,6 +18,8 @@ from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from posbench.hf.tape_llama import convert_to_tape
+
 MODEL_TYPE = "posbench_tape_llama"
 AUTO_MAP = {"AutoConfig": "configuration_posbench_tape_llama.TapeLlamaConfig",
             "AutoModelForCausalLM": "modeling_posbench_tape_llama.TapeLlamaForCausalLM"}
@@ -54,8 +56,6 @@ class TapeLlamaForCausalLM(LlamaForCausalLM):
     config_class = TapeLlamaConfig
 
     def __init__(self, config: TapeLlamaConfig):
-        from posbench.hf.tape_llama import convert_to_tape
-
         super().__init__(config)
         convert_to_tape(self, config.tape_position_size, config.tape_gate, config.tape_random_offset)
 

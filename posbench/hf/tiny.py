@@ -11,15 +11,21 @@ lines of code (a few hundred tokens; lossless on any text), wrapped as a ``PreTr
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from posbench.evaluation import passkey as pk
+from posbench.hf.loading import _quiet
 
 SPECIALS = ("<s>", "</s>", "<pad>")
 
 
 def _training_text() -> list[str]:
-    from posbench.evaluation import passkey as pk
-
     return [pk.TASK_DESCRIPTION, pk.GARBAGE * 4, pk.information_line(12345), pk.QUESTION, " 0123456789" * 8,
             "def main(argv):\n    return [x for x in range(10) if x % 2 == 0]\n",
             "class Model:\n    def __init__(self, name):\n        self.name = name\n"]
@@ -27,9 +33,6 @@ def _training_text() -> list[str]:
 
 def tiny_tokenizer(vocab_size: int = 320):
     """A byte-level BPE ``PreTrainedTokenizerFast`` (BOS ``<s>``, EOS ``</s>``, PAD ``<pad>``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -42,8 +45,6 @@ def tiny_tokenizer(vocab_size: int = 320):
 def tiny_config(vocab_size: int, *, hidden_size: int = 32, layers: int = 2, heads: int = 4, kv_heads: int | None = None,
                 intermediate_size: int = 64, max_positions: int = 64, rope_theta: float = 10000.0,
                 initializer_range: float = 0.02, rms_norm_eps: float = 1e-5, attention: str = "sdpa"):
-    from transformers import LlamaConfig
-
     return LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
                        num_hidden_layers=layers, num_attention_heads=heads,
                        num_key_value_heads=kv_heads or heads, max_position_embeddings=max_positions,
@@ -54,11 +55,6 @@ def tiny_config(vocab_size: int, *, hidden_size: int = 32, layers: int = 2, head
 
 def save_tiny_llama(directory: str | Path, *, seed: int = 0, **config) -> Path:
     """Write a random tiny Llama and its tokenizer to ``directory`` (save_pretrained layout)."""
-    import torch
-    from transformers import LlamaForCausalLM
-
-    from posbench.hf.loading import _quiet
-
     _quiet()
     directory = Path(directory)
     tokenizer = tiny_tokenizer()
@@ -86,8 +82,6 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         raise SystemExit(2)
     if target.is_dir() and args.force:
-        import shutil
-
         shutil.rmtree(target)
     path = save_tiny_llama(args.directory, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
                            hidden_size=args.hidden, max_positions=args.max_positions)

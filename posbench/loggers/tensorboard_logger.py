@@ -52,7 +52,7 @@ class TensorBoardLogger(ExperimentLogger):
         super().__init__(run_dir, run_id, config)
         self.check_available()
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # tensorboard: optional, only --log tensorboard
         except ImportError as exc:
             raise LoggerError(f"--log tensorboard cannot import torch.utils.tensorboard ({exc}); "
                               f"pip install 'posbench[tensorboard]'") from None
@@ -90,7 +90,7 @@ class TensorBoardLogger(ExperimentLogger):
         atomic_write_json(self.steps_file, {"starts": self.starts, "last": self.last_step})
 
     def finish(self, metrics: Mapping[str, float | None]) -> None:
-        from torch.utils.tensorboard.summary import hparams
+        from torch.utils.tensorboard.summary import hparams  # tensorboard: optional, as above
 
         writer = self._open(None)
         final = {f"final/{k}": v for k, v in present(metrics).items()}

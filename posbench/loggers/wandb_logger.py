@@ -30,7 +30,7 @@ class WandbLogger(ExperimentLogger):
     def __init__(self, run_dir, run_id, config):
         super().__init__(run_dir, run_id, config)
         self.check_available()
-        import wandb
+        import wandb  # wandb: optional (posbench[wandb]), only --log wandb
 
         task, label = self.config.get("task"), self.config.get("label") or self.config.get("encoding")
         try:

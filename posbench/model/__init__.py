@@ -14,6 +14,14 @@ can be imported first, and every import runs down.
 """
 
 from posbench.model.config import ModelConfig
-from posbench.model.transformer import Transformer
 
 __all__ = ["ModelConfig", "Transformer"]
+
+
+def __getattr__(name: str):
+    """``Transformer`` is imported when first asked for: reading a run's model section (``config.py``) needs no
+    torch, and ``posbench compare`` reads records alone."""
+    if name == "Transformer":
+        from posbench.model.transformer import Transformer  # torch: only what builds a model asks for it
+        return Transformer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

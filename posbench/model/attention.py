@@ -46,9 +46,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from posbench.model.bias import ScoreBias, table_score_mod, tensor_score_mod
 from posbench.errors import UserError
+from posbench.model.config import BACKEND_NAMES
 from posbench.model.padding import visible_mask
 from posbench.model.query_blocks import CAUSAL_BLOCK, biased_query_blocks, causal_mask, causal_query_blocks
 
@@ -90,6 +92,9 @@ class BackendError(UserError):
 
 
 def backend(name: str):
+    if name not in BACKEND_NAMES:       # ModelConfig's choices name every backend (model/config.py)
+        raise ValueError(f"attention backend {name!r} is not in posbench.model.config.BACKEND_NAMES")
+
     def register(fn):
         BACKENDS[name] = fn
         return fn
@@ -232,8 +237,6 @@ def causal_block_mask(nq: int, nk: int, device, key_mask: Tensor | None = None):
     so nothing of size Nq x Nk is made (``create_block_mask`` evaluates the mask on every pair: N x N
     temporaries, +717 MiB at 8,192 tokens). The same block lists as ``create_block_mask``. With ``key_mask`` every
     block it sees is partial (a block may hold pads: its ``mask_mod`` decides)."""
-    from torch.nn.attention.flex_attention import BlockMask
-
     offset = nk - nq
     rows = torch.arange(0, padded(nq), FLEX_BLOCK, device=device)[:, None]      # each query block's first row
     keys = torch.arange(0, padded(nk), FLEX_BLOCK, device=device)[None, :]      # each key block's first key
@@ -299,16 +302,12 @@ def flex_kernel_options(dtype: torch.dtype | None = None, head_dim: int = 64) ->
 
 @functools.lru_cache(maxsize=1)
 def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention
-
     return torch.compile(flex_attention)
 
 
 def flex_function(cuda: bool):
     """Compiled FlexAttention on CUDA; the plain function inside a compiled model (whose compilation captures
     it) and on a CPU (its eager reference: posbench never compiles FlexAttention for a CPU)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     return _compiled_flex() if cuda and not torch.compiler.is_compiling() else flex_attention
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from posbench.model.attention import BACKENDS
 from posbench.options import Added, OneOf, OptionError, at_least, check_fields, option, positive
 
 #: the fields that shape the backbone (docs/encodings.md, "Backbones"); their defaults are the pre-norm decoder
@@ -15,6 +14,8 @@ BACKBONE = ("norm", "norm_position", "mlp", "embedding_norm", "head_mlp", "recur
 #: settings read under their current name: a run recorded at commit 30fcda1 (the protocols study's first cells) says
 #: ``init`` for ``init_scheme``, renamed because ``run --init`` is another thing
 RENAMED = {"init": "init_scheme"}
+#: the attention backends (``posbench.model.attention`` registers one function under each name)
+BACKEND_NAMES = ("eager", "flash_attn", "flex", "sdpa", "sdpa_split")
 
 
 def check_passes(encoding: str, one_pass: bool, recurrences: int, eval_recurrences: int) -> None:
@@ -45,7 +46,7 @@ class ModelConfig:
     max_seq_len: int = option(256, "the training length (encodings that need it read it from here)", at_least(0))
     encoding: str = option("rope", "the positional encoding (posbench ls encodings)")
     encoding_options: dict[str, Any] = field(default_factory=dict)
-    attention: str = option("auto", "the attention backend", OneOf(("auto", *sorted(BACKENDS))),
+    attention: str = option("auto", "the attention backend", OneOf(("auto", *BACKEND_NAMES)),
                             changes_results=False)       # every backend computes the same attention
     norm_eps: float = option(1e-5, "the norms' epsilon", positive())
     init_std: float = option(0.02, "the standard deviation of the N(0, std) initialisation", positive())

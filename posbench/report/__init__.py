@@ -9,11 +9,19 @@
   (matplotlib PNGs), ``html`` (one self-contained file).
 """
 
-from posbench.report.figures import plot
 from posbench.report.formats import FORMATS, fmt_cell, fmt_value, header, render_text
 from posbench.report.structure import Cell, DifferenceRow, Report, Row, TaskTable
 from posbench.report.collect import collect
 from posbench.report.tables import build_table
+
+
+def __getattr__(name: str):
+    """``plot`` (``figures.plot``), imported when first asked for: the figures need matplotlib."""
+    if name == "plot":
+        from posbench.report.figures import plot  # matplotlib: only where figures are drawn
+        return plot
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["FORMATS", "Cell", "DifferenceRow", "Report", "Row", "TaskTable", "build_table", "collect", "fmt_cell",
            "fmt_value", "header", "plot", "render_text"]

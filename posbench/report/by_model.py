@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from posbench.report import grouping
-from posbench.report.comparison import Comparison
+from posbench.report.reading import Reading
 from posbench.report.structure import Row, TaskTable
 from posbench.report.best import RULE, mark_best
 from posbench.report.tables import incomplete_note, metric_cell, metric_columns, run_id
@@ -41,11 +41,11 @@ def makes_model(run: RunRecord) -> bool:
     return bool(started_from) and str(run.config.label or run.encoding) != str(started_from)
 
 
-def model_of(comparison: Comparison, run: RunRecord) -> tuple[str, RunRecord | None]:
+def model_of(reading: Reading, run: RunRecord) -> tuple[str, RunRecord | None]:
     """(the model's identity, the model's own run when readable)."""
     if makes_model(run):
         return _where(run.path), run
-    return _where(run.init_given), comparison.parent(run)
+    return _where(run.init_given), reading[run].parent
 
 
 def model_label(model_run: RunRecord | None, identity: str, evaluations: list[RunRecord] = ()) -> str:
@@ -55,39 +55,38 @@ def model_label(model_run: RunRecord | None, identity: str, evaluations: list[Ru
     return str(model_run.config.label or model_run.encoding)
 
 
-def evaluation_fingerprint(comparison: Comparison, run: RunRecord) -> str:
-    """The settings of an evaluation that decide its columns: all but the encoding, the model it evaluates (its
-    ``--init`` run) and that model's own settings (``model.*``), which identify the row, never the columns."""
-    return grouping.fingerprint(comparison, run, with_init=False, without=("model.",))
-
-
-def _task_variants(comparison: Comparison, runs: list[RunRecord]) -> dict[str, list[str]]:
-    """task -> its distinct evaluation settings fingerprints, in first-seen order."""
+def _task_variants(reading: Reading, runs: list[RunRecord]) -> dict[str, list[str]]:
+    """task -> its distinct evaluation settings fingerprints (``RunFacts.evaluation``: all but the encoding, the
+    model it evaluates and that model's own settings, ``model.*``, which identify the row, never the columns), in
+    first-seen order."""
     out: dict[str, list[str]] = {}
     for run in runs:
         fps = out.setdefault(str(run.task), [])
-        fp = evaluation_fingerprint(comparison, run)
+        fp = reading[run].evaluation
         if fp not in fps:
             fps.append(fp)
     return out
 
 
-def models_table(comparison: Comparison, runs: list[RunRecord]) -> TaskTable:
+def models_table(reading: Reading, runs: list[RunRecord]) -> TaskTable:
     runs = [r for r in runs if r.bench is None]
-    variants = _task_variants(comparison, [r for r in runs if not makes_model(r)])
+    variants = _task_variants(reading, [r for r in runs if not makes_model(r)])
     models: dict[str, dict[str, Any]] = {}
     for run in runs:
-        identity, own = model_of(comparison, run)
+        identity, own = model_of(reading, run)
         entry = models.setdefault(identity, {"run": own, "by_column": {}})
         entry["run"] = entry["run"] or own
         fps = variants.get(str(run.task), []) if not makes_model(run) else []
-        prefix = str(run.task) + (f"#{fps.index(evaluation_fingerprint(comparison, run)) + 1}"
+        prefix = str(run.task) + (f"#{fps.index(reading[run].evaluation) + 1}"
                                   if len(fps) > 1 else "")
         entry["by_column"].setdefault(prefix, []).append(run)
     # tasks whose runs are themselves models (pretrain) first, then the others by name
     own_tasks = {str(m["run"].task) for m in models.values() if m["run"] is not None}
     prefixes = sorted({p for m in models.values() for p in m["by_column"]},
                       key=lambda p: (p.split("#")[0] not in own_tasks, p))
+    labels = {identity: model_label(m["run"], identity, [r for rs in m["by_column"].values() for r in rs])
+              for identity, m in models.items()}
+    repeated = {lab for lab in labels.values() if list(labels.values()).count(lab) > 1}
     columns, hib = [], {}
     for prefix in prefixes:
         task_runs = [r for m in models.values() for r in m["by_column"].get(prefix, [])]
@@ -95,14 +94,11 @@ def models_table(comparison: Comparison, runs: list[RunRecord]) -> TaskTable:
         for name in names:
             columns.append(f"{prefix}:{name}")
             hib[f"{prefix}:{name}"] = task_hib[name]
-    labels = {identity: model_label(m["run"], identity, [r for rs in m["by_column"].values() for r in rs])
-              for identity, m in models.items()}
-    repeated = {lab for lab in labels.values() if list(labels.values()).count(lab) > 1}
     rows = []
     for identity, m in models.items():
         label = labels[identity]
         if label in repeated:
-            seed = grouping.seed_of(comparison, m["run"]) if m["run"] is not None else None
+            seed = reading[m["run"]].seed if m["run"] is not None else None
             label = f"{label} (seed {seed}, {run_id(m['run']) if m['run'] else Path(identity).name})"
         cells = {}
         for column in columns:
@@ -110,7 +106,7 @@ def models_table(comparison: Comparison, runs: list[RunRecord]) -> TaskTable:
             cells[column] = metric_cell(m["by_column"].get(prefix, []), name)
         all_runs = [r for rs in m["by_column"].values() for r in rs]
         encoding = str(m["run"].encoding) if m["run"] is not None else label
-        seed = grouping.seed_of(comparison, m["run"]) if m["run"] is not None else None
+        seed = reading[m["run"]].seed if m["run"] is not None else None
         rows.append(Row(label, encoding, run_id(m["run"]) if m["run"] else identity, identity, seed, cells, None,
                         all_runs))
     tested = mark_best(rows, columns, hib)
@@ -120,8 +116,8 @@ def models_table(comparison: Comparison, runs: list[RunRecord]) -> TaskTable:
     for task, fps in variants.items():
         if len(fps) > 1:
             task_runs = [[r for r in runs if str(r.task) == task and not makes_model(r)
-                          and evaluation_fingerprint(comparison, r) == fp][:1] for fp in fps]
-            apart, _ = grouping.distinguishing(comparison, task_runs)
+                          and reading[r].evaluation == fp][:1] for fp in fps]
+            apart, _ = grouping.distinguishing(reading, task_runs)
             for i, a in enumerate(apart):
                 shown = [f"{k}={grouping.show(v)}" for k, v in a.items()
                          if not k.startswith(("encoding.", "model.")) and k != "init"]

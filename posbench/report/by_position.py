@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from posbench.evaluation.length_probe import factor_of, is_length_loss
+from posbench.evaluation.probe_names import factor_of, is_length_loss
 from posbench.evaluation.positions import PositionLoss
 from posbench.stats import seed_interval
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from posbench.evaluation.metrics import METRICS, register_metric
 from posbench.evaluation.outcome import Metric
+from posbench.options import OptionError
 from posbench.report.by_length import bounded_grid, by_longer_axis
 from posbench.report.structure import grid_values
 
@@ -146,8 +147,6 @@ def capped(runs: list[Any]) -> bool:
 
 def parse_tolerance(text: str | None) -> Tolerance:
     """``--eff``'s text (``eps=0.2,tau=0.8,abs=50``, any of them) as a ``Tolerance``; one line for anything else."""
-    from posbench.options import OptionError
-
     if not text:
         return Tolerance()
     ranges = {"eps": (0.0, math.inf), "tau": (0.0, 1.0), "abs": (0.0, 100.0)}

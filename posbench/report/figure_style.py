@@ -1,10 +1,15 @@
 """What every figure of a report shares: the pyplot backend, each series' colour, line and marker, the axes and
-legend for a number of series, wrapped titles and labels."""
+legend for a number of series, wrapped titles and labels. It imports matplotlib: so do the modules that draw
+(``figures``, ``break_figures``, ``html``), which ``posbench compare`` imports only to draw (``--plots``, ``--html``)."""
 
 from __future__ import annotations
 
 import textwrap
 from typing import Any
+
+import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib import ticker
 
 
 def legend_label(label: str) -> str:
@@ -13,11 +18,8 @@ def legend_label(label: str) -> str:
 
 
 def pyplot():
-    import matplotlib
-
+    """``matplotlib.pyplot``, drawing with the Agg backend (PNG, no window)."""
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     return plt
 
 
@@ -64,8 +66,6 @@ def place_legend(ax, n_series: int) -> None:
 def log2_axis(ax, which: str = "x", base: int = 2) -> None:
     """A log axis (base 2 by default) whose ticks read as plain numbers (64, 128, 256; 0.001): the figures draw
     text without mathtext, which would show matplotlib's default ``2^{6}`` labels as their source."""
-    from matplotlib import ticker
-
     axis = ax.xaxis if which == "x" else ax.yaxis
     (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=base)
     axis.set_major_locator(ticker.LogLocator(base=base))

@@ -18,17 +18,23 @@ from __future__ import annotations
 
 import io
 import textwrap
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
+from matplotlib.patches import Rectangle
 
-from posbench.evaluation.length_probe import is_length_loss
+from posbench.evaluation.probe_names import is_length_loss
+from posbench.files import atomic_save
+from posbench.report.bench import bench_lengths
 from posbench.report.break_figures import break_figures
 from posbench.report.figure_style import (FEW_SERIES, LABEL_WIDTH, SHORT_LABEL, TITLE_WIDTH, legend_label,  # noqa: F401
                                           log2_axis, place_legend, pyplot, series_axes, series_style, wrapped)
 from posbench.report.structure import Report, Row, TaskTable, grid_values
+from posbench.runs.record import ResultError
 from posbench.stats import seed_interval
 
 DPI = 110
@@ -43,8 +49,6 @@ PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}
 
 def plain_text():
     """A context in which the figures are made and saved (tick labels are made when a figure is drawn)."""
-    import matplotlib
-
     return matplotlib.rc_context(PLAIN_TEXT)
 
 
@@ -96,9 +100,6 @@ def _table_figures(table: TaskTable) -> Iterator[tuple[str, Any]]:
 def plot(report: Report, out_dir: Path | str, *, force: bool = False) -> list[Path]:
     """Write every figure as PNG into ``out_dir``; returns the files written. A file already there is a one-line
     error before anything is written, unless ``force`` (then it is replaced)."""
-    from posbench.files import atomic_save
-    from posbench.runs.record import ResultError
-
     plt = pyplot()
     out_dir = Path(out_dir)
     made = [(out_dir / f"{stem}.png", fig) for stem, fig in figures(report)]
@@ -166,8 +167,6 @@ def _mean(arrays: list[np.ndarray]) -> np.ndarray:
 
 class _quiet:
     def __enter__(self):
-        import warnings
-
         self._ctx = warnings.catch_warnings()
         self._ctx.__enter__()
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -182,8 +181,6 @@ def _seeds_text(n: int) -> str:
 
 def heatmaps(task: str, name: str, items) -> Any:
     plt = pyplot()
-    from matplotlib.patches import Rectangle
-
     arrays = [_mean(arrs) for _, _, arrs in items]
     finite = [a[np.isfinite(a)] for a in arrays]
     values = np.concatenate(finite) if any(f.size for f in finite) else np.array([0.0, 1.0])
@@ -399,8 +396,6 @@ def history_curves(table: TaskTable, history, ylabel: str, bounds: tuple[float, 
 # ---- posbench bench ----------------------------------------------------------------------------------------
 
 def bench_figure(table: TaskTable) -> Any | None:
-    from posbench.report.bench import bench_lengths
-
     run = table.runs[0]
     lengths = bench_lengths(run)
     if not lengths or not table.rows:

@@ -7,7 +7,7 @@ import io
 import json
 from typing import Any
 
-from posbench.report.structure import Cell, DifferenceRow, Report, TaskTable
+from posbench.report.structure import Cell, DifferenceRow, Report, TaskTable, num
 from posbench.runs.record import ResultError
 
 FORMATS = ("table", "markdown", "csv", "latex", "json")
@@ -61,8 +61,6 @@ def extra_columns(table: TaskTable) -> list[str]:
 
 
 def extra_cells(table: TaskTable, row) -> list[str]:
-    from posbench.report.structure import num
-
     if table.kind != "metrics":
         return []
     return ([str(len(row.runs))] if table.multi_seed else []) + [fmt_value(num(row.train_s))]

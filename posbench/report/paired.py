@@ -16,8 +16,8 @@ import math
 from functools import partial
 from typing import Any
 
-from posbench.report import grouping
 from posbench.report.comparison import Comparison
+from posbench.report.reading import Reading
 from posbench.report.structure import DifferenceRow, Row, TaskTable, num
 from posbench.runs.record import RunRecord
 from posbench.stats import ExampleScores, StratifiedBootstrap, paired_difference
@@ -68,19 +68,17 @@ def value_of(run: RunRecord, metric: str) -> float | None:
     return num(found.value) if found is not None else None
 
 
-def _core(comparison: Comparison, run: RunRecord) -> dict[str, Any]:
-    return {k: v for k, v in grouping.settings(comparison, run).items() if not grouping.per_encoding(k)}
-
-
-def reference_for(comparison: Comparison, row: Row, refs: list[Row]) -> Row | None:
-    """The reference row with the same settings as ``row``, encoding aside."""
+def reference_for(reading: Reading, row: Row, refs: list[Row]) -> Row | None:
+    """The reference row with the same settings as ``row``, encoding aside (``RunFacts.shared``)."""
     if not row.runs:
         return None
-    core = _core(comparison, row.runs[0])
-    return next((ref for ref in refs if ref.runs and _core(comparison, ref.runs[0]) == core), None)
+    core = reading[row.runs[0]].shared
+    return next((ref for ref in refs if ref.runs and reading[ref.runs[0]].shared == core), None)
 
 
-def add_differences(comparison: Comparison, table: TaskTable, reference: str) -> None:
+def add_differences(comparison: Comparison, reading: Reading, table: TaskTable, reference: str) -> None:
+    """``table``'s paired differences to the rows of ``reference`` (the module docstring); ``reading``: its runs'
+    facts, ``comparison``: the resampling work, shared between baselines."""
     table.against = reference
     refs = [r for r in table.rows if r.encoding == reference]
     if not refs:
@@ -90,12 +88,12 @@ def add_differences(comparison: Comparison, table: TaskTable, reference: str) ->
     for row in table.rows:
         if row.encoding == reference:
             continue
-        ref = reference_for(comparison, row, refs)
+        ref = reference_for(reading, row, refs)
         if ref is None:
             table.notes.append(f"--against {reference}: no {reference} row with the settings of {row.label}")
             continue
-        a_by_seed = {str(grouping.seed_of(comparison, r)): r for r in ref.runs}
-        b_by_seed = {str(grouping.seed_of(comparison, r)): r for r in row.runs}
+        a_by_seed = {str(reading[r].seed): r for r in ref.runs}
+        b_by_seed = {str(reading[r].seed): r for r in row.runs}
         common = sorted(set(a_by_seed) & set(b_by_seed))
         if not common:
             table.notes.append(f"--against {reference}: {row.label} shares no seed with {ref.label}")

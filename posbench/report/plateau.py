@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from posbench.evaluation.length_probe import is_length_loss
+from posbench.evaluation.probe_names import is_length_loss
 
 WINDOW, REL, ABS = 0.1, 0.01, 0.01
 PROBE_WINDOW, PROBE_GAIN, CEILING, MIN_PROBES = 0.2, 1.0, 99.0, 10

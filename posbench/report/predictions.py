@@ -37,7 +37,7 @@ def read_scores(run: RunRecord) -> tuple[ExampleScores | None, str | None]:
     """The run's per-example scores (its task's ``example_scores`` over its predictions), or None; and the line to
     say when its predictions were refused (a path that leaves the run's folder, a file past its size bound) or
     could not be read."""
-    from posbench.tasks import TASKS
+    from posbench.tasks import TASKS  # torch: only for what builds or names a class
 
     path, refused = predictions_file(run)
     if path is None:

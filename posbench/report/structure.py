@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from posbench.runs.store import Problem
+import numpy as np
+
 from posbench.stats import Difference
+
+if TYPE_CHECKING:                        # a name in an annotation: runs.store is not imported for it
+    from posbench.runs.store import Problem
 
 
 @dataclass
@@ -104,8 +108,6 @@ class Report:
 def grid_values(grid: dict[str, Any]) -> Any:
     """A grid's values as a float array with NaN where there is none (``null``) or where a value is not a number
     (``unusable_grid_values`` says so), or None when they do not form an array of one dimension per axis."""
-    import numpy as np
-
     def clean(x: Any) -> Any:
         if isinstance(x, list):
             return [clean(v) for v in x]

@@ -1,5 +1,5 @@
-"""A task's table from its runs: one row per set of settings with its seeds pooled (mean and 95% interval over
-seeds), or one row per run (``by_run``)."""
+"""compare's third step, a task's table: the groups of its runs (``posbench.report.grouping``) each pooled into one
+row (mean and 95% interval over seeds), or one row per run (``by_run``)."""
 
 from __future__ import annotations
 
@@ -9,24 +9,22 @@ from typing import Any
 from posbench.evaluation.metrics import METRICS
 from posbench.report import grouping
 from posbench.report.best import RULE, mark_best
-from posbench.report.comparison import Comparison
 from posbench.report.plateau import still_improving
+from posbench.report.reading import Reading
 from posbench.report.structure import Cell, Row, TaskTable, grid_values, num, unusable_grid_values
 from posbench.runs.record import RunRecord
 
 
-def build_table(task: str, runs: list[RunRecord], *, by_run: bool = False,
-                comparison: Comparison | None = None) -> TaskTable:
-    """``comparison``: what the compare read once (``collect`` passes its own; a new one when not given)."""
-    comparison = Comparison() if comparison is None else comparison
+def build_table(task: str, runs: list[RunRecord], reading: Reading, *, by_run: bool = False) -> TaskTable:
+    """``reading``: the runs' facts (``posbench.report.reading``: ``collect`` passes its own)."""
     columns, hib, primary = metric_columns(runs)
     if by_run:
         rows = [run_row(run, columns, _by_run_label(run, runs)) for run in runs]
         notes: list[str] = []
     else:
-        groups, repeated = grouping.group_runs(comparison, runs)
-        apart, differing = grouping.distinguishing(comparison, groups)
-        rows = [group_row(comparison, group, columns, grouping.label(str(group[0].encoding), a), a)
+        groups, repeated = grouping.group_runs(reading, runs)
+        apart, differing = grouping.distinguishing(reading, groups)
+        rows = [group_row([reading[r].seed for r in group], group, columns, grouping.label(str(group[0].encoding), a), a)
                 for group, a in zip(groups, apart)]
         notes = [line for line in [grouping.versions_note(task, runs), grouping.plugins_note(groups)] if line]
         if differing:
@@ -215,10 +213,10 @@ def run_row(run: RunRecord, columns: list[str], label: str) -> Row:
                {c: metric_cell([run], c) for c in columns}, _train_s([run]), [run])
 
 
-def group_row(comparison: Comparison, group: list[RunRecord], columns: list[str], label: str,
+def group_row(seeds: list[Any], group: list[RunRecord], columns: list[str], label: str,
               apart: dict[str, Any]) -> Row:
+    """The row of ``group``, whose runs have the seeds ``seeds`` (``RunFacts.seed``: with their --init runs')."""
     first = group[0]
-    seeds = [grouping.seed_of(comparison, r) for r in group]
     return Row(label, str(first.encoding), ", ".join(run_id(r) for r in group), str(first.path),
                seeds[0] if len(group) == 1 else seeds, {c: metric_cell(group, c) for c in columns},
                _train_s(group), list(group), apart)

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posbench.files import atomic_save
+
 PATCH_FILE = "code.patch"
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -38,8 +40,6 @@ class CodeState:
         """``code.patch`` in ``run_dir`` (atomically), and its name and hash in the facts; nothing without one."""
         if not self.patch:
             return
-        from posbench.files import atomic_save
-
         atomic_save(Path(run_dir) / PATCH_FILE, lambda tmp: Path(tmp).write_bytes(self.patch))
         self.facts["patch"] = PATCH_FILE
         self.facts["patch_sha256"] = hashlib.sha256(self.patch).hexdigest()

@@ -131,7 +131,7 @@ def _extended_run(given: str, path: Path, flag: str) -> InitSource:
 
 
 def _hub_name(given: str, flag: str) -> InitSource:
-    from posbench.hf.loading import load_config          # a hub model: read its config (online only)
+    from posbench.hf.loading import load_config  # torch (hf.loading): only a hub model's config needs it
 
     config = load_config(given)
     model_type = _name(config.model_type, f"{flag} {given}: the hub model's model_type")

@@ -46,8 +46,8 @@ class LoadedRun:
 
 def load_run(run_dir: Path | str, device: str | torch.device = "cpu") -> LoadedRun:
     """The run in ``run_dir`` (a finished posbench run with its checkpoint), as described in the module docstring."""
-    from posbench.model import ModelConfig, Transformer
-    from posbench.train.checkpoint import CheckpointError, load_weights
+    from posbench.model import ModelConfig, Transformer  # torch: only for what builds or names a class
+    from posbench.train.checkpoint import CheckpointError, load_weights  # torch: only for what builds or names a class
 
     run_dir = Path(run_dir)
     if not (run_dir / RESULT_FILE).is_file():

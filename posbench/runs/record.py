@@ -39,18 +39,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posbench import __version__
 from posbench.errors import UserError
 from posbench.evaluation.outcome import Grid, Metric
 from posbench.files import MAX_RESULT_BYTES, atomic_write_json, read_json
+from posbench.options import RECORDED_SECTIONS, SECTIONS
 from posbench.runs.code import CodeState, capture
-from posbench.runs.config import RunConfig
+from posbench.runs.run_config import RunConfig
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 RESULT_FILE = "result.json"
 REQUIRED_KEYS = ("task", "encoding", "metrics")
 #: the parts of a recorded config (``config.KEY``) that its readers read as objects of settings
-CONFIG_OBJECTS = ("model", "encoding_options", "train", "task_options", "model_config")
+CONFIG_OBJECTS = (*(RECORDED_SECTIONS[section] for section in SECTIONS), "model_config")
 
 
 class ResultError(UserError):
@@ -252,9 +254,9 @@ def _v1_config(config: dict[str, Any]) -> dict[str, Any]:
 # ---- provenance ------------------------------------------------------------------------------------------
 
 def environment_info(device: Any, precision: str) -> dict[str, Any]:
-    import torch
+    import torch  # torch: only a run that trains records its environment; compare reads records without it
 
-    from posbench.train.device import device_name
+    from posbench.train.device import device_name  # torch: as above
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
             "device": str(device), "device_name": device_name(device), "threads": torch.get_num_threads(),
@@ -263,6 +265,4 @@ def environment_info(device: Any, precision: str) -> dict[str, Any]:
 
 def posbench_info(state: CodeState | None = None) -> dict[str, Any]:
     """The version and the code (``posbench.runs.code``: commit, tree, and the patch's name where one was kept)."""
-    from posbench import __version__
-
     return {"version": __version__, **(state if state is not None else capture()).facts}

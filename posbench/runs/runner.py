@@ -22,19 +22,24 @@ from typing import Any
 import torch
 
 from posbench.evaluation.metrics import METRICS
-from posbench.files import check_name
+from posbench.files import check_name, json_object, sha256_file
+from posbench.loggers import make_loggers as build_loggers
+from posbench.model.config import ModelConfig, current_names
+from posbench.options import declared
 from posbench.registry import loaded_plugins
 from posbench.reporters import NullReporter
-from posbench.runs.config import RECORDED_SECTIONS, RunConfig, check_recorded, earlier_values, task_class, \
-    with_source
+from posbench.runs.config import RECORDED_SECTIONS, RunConfig, check_recorded, task_class, with_source
 from posbench.runs.code import CodeState, capture
 from posbench.runs.record import RESULT_FILE, ResultError, RunRecord, Timings, environment_info, posbench_info, \
     total_seconds, write_record
 from posbench.runs.store import (CHECKPOINT_DIR, RunLock, new_run_dir, now_iso, read_config, read_phase,
                                  remove_unstarted, write_config, write_phase, write_predictions)
+from posbench.setting_facts import earlier_values
+from posbench.tasks import Task
 from posbench.train import distributed
-from posbench.train.checkpoint import checkpoint_path
+from posbench.train.checkpoint import CONFIG, STATE, checkpoint_path
 from posbench.train.compile_watch import EagerFallbacks
+from posbench.train.config import TrainConfig
 from posbench.train.device import autocast, pick_device, resolve_precision, setup_device
 from posbench.train.seeds import seed_everything
 from posbench.train.trainer import Trainer
@@ -67,8 +72,6 @@ def execute(config: RunConfig, out_root: Path | str = "results", *, reporter: An
 
 def _execute(config: RunConfig, out_root: Path, ctx: Any, device: torch.device, reporter: Any, callbacks: tuple,
              command: list[str] | None, run_dir: Path | None, lock: list) -> RunOutcome:
-    from posbench.tasks import Task
-
     started = time.perf_counter()
     main = ctx.is_main
     code = capture() if main else CodeState()   # the code this process imported, read now (a commit made while
@@ -214,10 +217,6 @@ def check_checkpoint(run_dir: Path, checkpoint_dir: Path, config: RunConfig, mod
     run's, but for the settings that change no result (``changes_results=False``: threads, a batch size of
     evaluation). A setting the checkpoint lacks (written before the setting existed) is compared at the value
     runs had before it (``Added``); one without such a value is not compared."""
-    from posbench.files import json_object
-    from posbench.model.config import ModelConfig
-    from posbench.train.checkpoint import CONFIG, STATE
-
     found = checkpoint_path(checkpoint_dir)
     state = json_object(found / STATE) or {}
     before = {f"{section}.{name}": value for section, values in earlier_values(config.encoding, config.task).items()
@@ -255,8 +254,6 @@ def flat_model(values: Any) -> dict[str, Any] | None:
     run's settings are (``model.d_model``, ``encoding.theta``)."""
     if not isinstance(values, dict):
         return None
-    from posbench.model.config import current_names
-
     flat = {f"model.{k}": v for k, v in current_names(values).items() if k != "encoding_options"}
     options = values.get("encoding_options")
     flat.update({f"encoding.{k}": v for k, v in (options.items() if isinstance(options, dict) else ())})
@@ -270,10 +267,6 @@ def flat_train(values: Any) -> dict[str, Any] | None:
 def settings_changing_nothing(config: RunConfig) -> set[str]:
     """The run's settings declared ``changes_results=False`` (``model.attention``, ``train.threads``, ...), and
     ``device``: a resume may change them."""
-    from posbench.model.config import ModelConfig
-    from posbench.options import declared
-    from posbench.train.config import TrainConfig
-
     task_cls = task_class(config.task)
     encoding_cls = task_cls.model_source.encodings().get(config.encoding) if config.encoding is not None else None
     owners = {"model": ModelConfig, "train": TrainConfig, "encoding": encoding_cls, "task": task_cls}
@@ -295,8 +288,6 @@ def training_record(outcomes: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def model_facts(model: Any, run_dir: Path) -> dict[str, Any]:
-    from posbench.files import sha256_file
-
     if model is None:
         return {}
     weights = run_dir / CHECKPOINT_DIR / "model.safetensors"
@@ -308,9 +299,7 @@ def model_facts(model: Any, run_dir: Path) -> dict[str, Any]:
 def make_loggers(config: RunConfig, run_dir: Path) -> list:
     if not config.logs:
         return []
-    from posbench.loggers import make_loggers as build
-
-    return build(config.logs, run_dir, config)
+    return build_loggers(config.logs, run_dir, config)
 
 
 def resume(run_dir: Path | str, *, device: str | None = None, reporter: Any = None, callbacks: tuple = ()

@@ -27,6 +27,7 @@ import fcntl
 import itertools
 import os
 import secrets
+import shutil
 import socket
 import sys
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from typing import Any
 
 from posbench.errors import os_error
 from posbench.files import atomic_write_json, check_name, inside, json_object, read_json, write_jsonl
-from posbench.runs.config import RunConfig
+from posbench.runs.run_config import RunConfig
 from posbench.runs.record import RESULT_FILE, ResultError, RunRecord, load_record
 
 CONFIG_FILE, PREDICTIONS_FILE, CHECKPOINT_DIR, PHASES_DIR = "config.json", "predictions.jsonl", "checkpoint", "phases"
@@ -78,8 +79,6 @@ def remove_unstarted(run_dir: Path, root: Path) -> None:
     """Remove a run directory this process created whose run never started (it stopped before ``config.json``
     was written), and the parents it left empty up to ``root``: nothing is left that ``--resume`` or
     ``compare`` would find."""
-    import shutil
-
     run_dir = Path(run_dir)
     if (run_dir / CONFIG_FILE).exists():
         return

@@ -244,7 +244,7 @@ class CellJob:
         """submitit calls this when the job is preempted or near its time limit (SIGUSR2, ``--signal=USR2@90``):
         the same cell is requeued as the same job, and resumes from its run's last checkpoint (up to three time
         limits; after that the cell is ``killed`` and the next sweep resumes it)."""
-        from submitit.helpers import DelayedSubmission
+        from submitit.helpers import DelayedSubmission  # submitit: optional, only under SLURM
 
         return DelayedSubmission(CellJob(self.spec))
 

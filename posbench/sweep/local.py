@@ -27,6 +27,7 @@ from typing import Any
 
 from posbench.files import atomic_write_json
 from posbench.sweep.cell import LOG_FILE, SAFE_PATH, SPEC_FILE, describe_exit, is_locked
+from posbench.sweep.study import StudyError
 
 #: how long a cell's group has, after SIGTERM, before what is left of it gets SIGKILL
 GRACE_S = 10.0
@@ -60,7 +61,7 @@ def usable_cores() -> list[int]:
 
 def visible_gpus() -> list[str]:
     """The CUDA devices this process may use, as ``CUDA_VISIBLE_DEVICES`` names them."""
-    import torch
+    import torch  # torch: only counting GPUs needs it (a sweep's plan is read without it)
 
     if not torch.cuda.is_available():
         return []
@@ -88,8 +89,6 @@ class LocalExecutor:
     def __init__(self, jobs: int | None = None, gpus_per_cell: int = 1, device: str = "auto"):
         gpus = [] if device == "cpu" else visible_gpus()
         if gpus and len(gpus) < gpus_per_cell:
-            from posbench.sweep.study import StudyError
-
             raise StudyError(f"--gpus-per-cell {gpus_per_cell}: this machine shows {len(gpus)} GPU(s)")
         self.slots = make_slots(jobs, gpus, gpus_per_cell if gpus else 0, usable_cores())
         self.free = list(self.slots)

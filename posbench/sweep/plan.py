@@ -18,8 +18,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from posbench.errors import UserError
+from posbench.runs.config import parse_assignment, resolve_run_config
 from posbench.sweep.study import MAX_NAME_BYTES, Study, StudyError
 from posbench.sweep.text import shown_list
+from posbench.tasks import TASKS
+from posbench.tasks.presets import preset_of
 
 #: the longest cell id: it names the cell's folder
 MAX_ID_BYTES = MAX_NAME_BYTES
@@ -58,9 +62,6 @@ class Cell:
 
 
 def expand(study: Study) -> list[Cell]:
-    from posbench.tasks import TASKS
-    from posbench.tasks.presets import preset_of
-
     cells: dict[tuple, Cell] = {}
     for axis in study.tasks:
         task_cls = TASKS.get(axis.name)
@@ -108,9 +109,6 @@ def scaled_expected(task: str, encoding: str, preset: str, sets: tuple[str, ...]
     when the steps cannot be resolved (``validate`` reports why)."""
     if not isinstance(expected, (int, float)):
         return None
-    from posbench.errors import UserError
-    from posbench.runs.config import resolve_run_config
-
     try:
         own = resolve_run_config(task, encoding, preset).train["steps"]
         given = resolve_run_config(task, encoding, preset, sets=list(sets)).train["steps"]
@@ -143,9 +141,6 @@ def task_depth(task: str, by_task: dict) -> int:
 
 def validate(cells: list[Cell]) -> None:
     """Resolve each cell's configuration as ``posbench run`` would; the first problem is one line naming the cell."""
-    from posbench.errors import UserError
-    from posbench.runs.config import parse_assignment, resolve_run_config
-
     resolved: dict[tuple, str] = {}
     for cell in cells:
         key = (cell.task, cell.encoding, cell.preset, cell.sets, cell.device)

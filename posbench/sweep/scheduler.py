@@ -17,6 +17,7 @@ Ctrl-C's), so that the caller prints the table of every cell. A second signal st
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,8 +76,6 @@ class Sweep:
 
     def spec(self, cell: Cell) -> dict[str, Any]:
         """What the cell process is given (the executor adds its cores or GPUs)."""
-        import sys
-
         args = cell.run_args()
         threads = self.executor.threads()
         if threads and not any(item.split("=", 1)[0].strip() in ("train.threads", "threads") for item in cell.sets):

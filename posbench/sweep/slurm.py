@@ -113,7 +113,7 @@ class SlurmExecutor:
             raise SlurmError(f"--executor slurm: no {', '.join(missing)} on PATH (run the sweep on a machine that "
                              f"submits SLURM jobs, e.g. a login node)")
         try:
-            import submitit
+            import submitit  # submitit: optional (posbench[slurm]), only --executor slurm
         except ImportError:
             raise SlurmError("--executor slurm needs the submitit package: pip install 'posbench[slurm]'") from None
         self.options = options

@@ -43,6 +43,7 @@ from typing import Any
 
 from posbench.errors import ConfigError
 from posbench.options import declared, did_you_mean
+from posbench.sweep.slurm import SlurmOptions
 from posbench.sweep.text import control_character, shown_list
 
 TOP_KEYS = ("name", "encodings", "tasks", "seeds", "presets", "set", "variants", "task", "encoding", "device",
@@ -137,8 +138,6 @@ def read_study(path: Path | str) -> Study:
             raise StudyError(f"{where}: variant name {key!r}: use letters, digits and _ . = + -")
         variants[key] = tuple(strings(value, f"{where}: variant {key!r}"))
     slurm = table(raw.get("slurm", {}), f"{where}: [slurm]")
-    from posbench.sweep.slurm import SlurmOptions          # its settings' one declaration
-
     known(slurm, tuple(declared(SlurmOptions)), f"{where}: [slurm]")
     device = raw.get("device", "auto")
     if not isinstance(device, str):

@@ -79,6 +79,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from posbench.model import ModelConfig
 from posbench.options import Configurable
 from posbench.registry import Registry
 from posbench.tasks.model_source import FRESH, ModelSource
@@ -205,8 +206,6 @@ class Task(Runnable):
 
     def model_config(self):
         """The ``ModelConfig`` of a fresh model: the ``model`` section plus vocab, encoding and its options."""
-        from posbench.model import ModelConfig
-
         return ModelConfig(vocab_size=self.vocab_size(), encoding=self.config.encoding,
                            encoding_options=dict(self.config.encoding_options), **self.config.model)
 

@@ -12,19 +12,19 @@ from torch import nn
 
 from posbench.errors import ConfigError
 from posbench.files import sha256_file
+from posbench.model import ModelConfig, Transformer
+from posbench.model.config import current_names
+from posbench.train.checkpoint import load_weights
 
 
 def build_model(task: Any) -> tuple[nn.Module, dict[str, Any] | None]:
     """``(model, init record)`` for ``task``'s configuration (a resumed run's own checkpoint is loaded over
     it when its training resumes)."""
-    from posbench.model import ModelConfig, Transformer
-    from posbench.model.config import current_names
-
     config, source = task.config, task.source
     if source is None:
         return Transformer(task.model_config()), None
     if not source.is_posbench:
-        from posbench.hf.adapter import load_pretrained
+        from posbench.hf.adapter import load_pretrained  # transformers: only a Hugging Face --init needs it
 
         return load_pretrained(source, config, task.vocab_size())
     model_dict = {k: v for k, v in current_names(source.model).items() if k in ModelConfig.__dataclass_fields__}
@@ -37,15 +37,13 @@ def build_model(task: Any) -> tuple[nn.Module, dict[str, Any] | None]:
     model = Transformer(model_cfg)
     record: dict[str, Any] = {"run": source.given, "kind": source.kind, "label": source.label}
     if source.kind == "export":
-        from posbench.hf.export import read_export
+        from posbench.hf.export import read_export  # transformers: only an export's --init needs it
 
         exported = read_export(source.model_dir)
         model.load_state_dict(exported.state_dict)
         record["checkpoint_sha256"] = exported.meta.get("source", {}).get("checkpoint_sha256")
         return model, record
     weights = source.weights
-    from posbench.train.checkpoint import load_weights
-
     load_weights(model, weights)
     record["checkpoint_sha256"] = sha256_file(weights) if weights.is_file() else None
     return model, record

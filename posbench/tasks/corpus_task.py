@@ -13,10 +13,12 @@ import numpy as np
 import torch
 
 from posbench.data.batch import Batch
+from posbench.data.chunks import CachedChunks
 from posbench.data.errors import DataError
 from posbench.data.lm import TokenStream, corpus_tokens, training_token_budget
 from posbench.data.sources import open_source
-from posbench.data.tokenizer import Tokenizer, build_tokenizer, parse_bpe_spec, tokenizer_from_spec
+from posbench.data.splits import check_splits
+from posbench.data.tokenizer import BPETokenizer, Tokenizer, build_tokenizer, parse_bpe_spec, tokenizer_from_spec
 from posbench.errors import ConfigError
 from posbench.evaluation.length_probe import heldout_losses
 from posbench.options import Added, Option, at_least
@@ -33,14 +35,14 @@ def init_tokenizer(source) -> Tokenizer:
     pretrained model's own."""
     if source.is_posbench:
         if source.kind == "export":
-            from posbench.hf.export_tokenizer import posbench_tokenizer
+            from posbench.hf.export_tokenizer import posbench_tokenizer  # transformers: an export's only
 
             return posbench_tokenizer(source.tokenizer or {}, Path(source.model_dir))
         if not isinstance(source.tokenizer, dict):
             raise ConfigError(f"--init {source.given}: that run recorded no tokenizer (is it a pretrain, perplexity, "
                               f"passkey or scrolls run?)")
         return tokenizer_from_spec(source.tokenizer, source.run_dir)
-    from posbench.hf.loading import load_tokenizer
+    from posbench.hf.loading import load_tokenizer  # posbench.hf: only a pretrained model enters it
 
     return load_tokenizer(source.model_dir)
 
@@ -78,8 +80,6 @@ class TokenizerMixin:
             return init_tokenizer(self.source)
         run_dir = getattr(self, "run_dir", None)
         if parse_bpe_spec(spec) is not None and run_dir is not None and (Path(run_dir) / "tokenizer.json").is_file():
-            from posbench.data.tokenizer import BPETokenizer
-
             return BPETokenizer.load(run_dir)          # a resumed run keeps the tokenizer it trained
         return build_tokenizer(spec, train_texts=self.train_texts, trained_on=self.bpe_trained_on())
 
@@ -150,8 +150,6 @@ def chunk_stream(seed: int, tokens, length: int) -> IndexedStream:
     tokens (unchanged), ``CachedChunkStream`` for a token cache."""
     if isinstance(tokens, TokenStream):
         return ChunkStream(seed, tokens.tokens, length)
-    from posbench.data.chunks import CachedChunks
-
     return CachedChunkStream(seed, CachedChunks(tokens, length))
 
 
@@ -211,8 +209,6 @@ class CorpusTask(TokenizerMixin, Task):
         if self.train_length < 2:
             raise ConfigError(f"model.max_seq_len (the training length) must be >= 2, got {self.train_length}")
         self.corpus.check_online()                        # fail before the run directory exists
-        from posbench.data.splits import check_splits
-
         self.splits = check_splits(self.corpus)            # the held-out split exists: checked before training
         if self.config.training.probe_every and self.config.training.steps:
             self.probe_sample()                            # the probe's sample holds its windows: checked now

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from posbench.encodings import ENCODINGS
 from posbench.errors import ConfigError
+from posbench.tasks.build_model import build_model
 
 
 class ModelSource:
@@ -28,8 +30,6 @@ class ModelSource:
 
     def encodings(self):
         """The registry ``--encoding`` names."""
-        from posbench.encodings import ENCODINGS
-
         return ENCODINGS
 
     def choose_encoding(self, encoding: str | None, source: Any) -> str | None:
@@ -59,8 +59,6 @@ class ModelSource:
     def build(self, task: Any, device: Any) -> tuple[Any, dict[str, Any] | None]:
         """``(model, init record)`` for ``task``'s configuration (a resumed run's own checkpoint is loaded over
         it when its training resumes)."""
-        from posbench.tasks.build_model import build_model
-
         return build_model(task)
 
 

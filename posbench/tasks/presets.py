@@ -1,11 +1,7 @@
-"""A task's presets: named recipes (``tiny``, ``small``, ``gpu``, ``paper``, and a study's own), read from the
-TOML file beside the task's module (``presets.toml`` beside a task folder's ``task.py``, ``<module>.toml`` beside a
-one-file task) or given as the task class's ``presets`` dict. Each preset is a table of ``model``, ``train``,
-``task`` (and ``encoding``) sub-tables overriding the built-in defaults, ``extends = "task.preset"`` to start from
-another preset, and an ``expected`` table (``seconds``, ``hardware``, ``how`` = measured | estimated, ``note``).
-
-The task declares them; reading, merging and choosing them is this module's job (``preset_of``, ``presets_of``),
-so the ``Task`` class holds only what the task is.
+"""A task's presets: named recipes (``tiny``, ``small``, ``gpu``, ``paper``, a study's own) from the TOML file beside
+the task's module (``preset_path``) or the class's ``presets`` dict. A preset is a table of section sub-tables
+(``model``, ``train``, ``task``, ``encoding``) over the defaults, ``extends = "task.preset"``, and ``expected``
+(``seconds``, ``hardware``, ``how`` = measured | estimated, ``note``).
 """
 
 from __future__ import annotations
@@ -16,23 +12,29 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from posbench.catalog_entry import summary_of
 from posbench.errors import ConfigError
+from posbench.options import SECTIONS
+from posbench.tasks.base import TASKS
 
 PRESET_NAMES = ("tiny", "small", "gpu", "paper")
-PRESET_SECTIONS = ("model", "train", "task", "encoding", "expected")
+PRESET_SECTIONS = (*SECTIONS, "expected")
 
 
 def preset_of(task: Any, name: str) -> dict[str, dict[str, Any]]:
-    """Preset ``name`` of the task class ``task``; one line naming the presets there are when it has none so
-    called."""
     table = presets_of(task)
     if name not in table:
         raise ConfigError(f"task '{task.name}' has no preset '{name}'; presets: {', '.join(table) or 'none'}")
     return table[name]
 
 
+def catalog_summary(task: Any) -> dict[str, Any]:
+    """What the catalog says of a task (``catalog_entry.summary_of``), with its version, default preset and presets."""
+    return {**summary_of(task), "version": task.version, "default_preset": task.default_preset,
+            "presets": presets_of(task)}
+
+
 def presets_of(task: Any) -> dict[str, dict[str, Any]]:
-    """The task class's ``presets``, or those of the TOML file beside its module (``preset_path``)."""
     return task.presets or load_presets(str(preset_path(task)), task.name)
 
 
@@ -44,10 +46,7 @@ def preset_path(task: Any) -> Path:
 
 @cache
 def load_presets(path: str, task_name: str) -> dict[str, dict[str, Any]]:
-    """Presets of task ``task_name`` from a TOML file; ``extends = "task.preset"`` merges another task's (or this
-    file's) preset under this one, section by section."""
-    from posbench.tasks.base import TASKS
-
+    """Presets from a TOML file; ``extends`` merges another task's (or this file's) preset under one, by section."""
     file = Path(path)
     if not file.is_file():
         return {}

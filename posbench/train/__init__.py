@@ -3,6 +3,14 @@ schedule (``optim``), the loop (``trainer``), checkpoints that run no code (``ch
 processes under torchrun (``distributed``). It knows models and batches, nothing of tasks or runs."""
 
 from posbench.train.config import TrainConfig
-from posbench.train.trainer import NonFiniteLossError, StopTraining, Trainer, TrainResult, train
 
 __all__ = ["NonFiniteLossError", "StopTraining", "TrainConfig", "TrainResult", "Trainer", "train"]
+
+
+def __getattr__(name: str):
+    """The trainer's names are imported when first asked for: a run's recorded ``train`` section
+    (``TrainConfig``) is read without torch."""
+    if name in __all__:
+        from posbench.train import trainer  # torch: only what trains asks for the trainer
+        return getattr(trainer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

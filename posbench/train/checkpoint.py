@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from posbench.errors import UserError, os_error
@@ -110,9 +112,6 @@ def _write(tmp: Path, model: nn.Module, train_state: dict[str, Any], optimizer_s
 def save_safetensors(tensors: dict[str, Tensor], path: Path) -> None:
     """``safetensors.torch.save_file``, whose failures to write (a Rust I/O error in a ``SafetensorError``)
     come out as the ``OSError`` they are (``os error 28`` is a full disk)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
     try:
         save_file(tensors, str(path), metadata={"format": "pt"})
     except SafetensorError as exc:
@@ -174,9 +173,6 @@ def checkpoint_path(directory: Path) -> Path | None:
 def load_train_state(directory: Path) -> dict[str, Any]:
     """The training state of the checkpoint in ``directory``, with ``state["optimizer"]`` a full, name-keyed
     optimizer state dict (tensors on the CPU). Refuses anything that is not this format."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     found = checkpoint_path(directory)
     if found is None:
         raise CheckpointError(f"no complete checkpoint in {directory}")
@@ -224,8 +220,6 @@ def join_optimizer_state(tensors: dict[str, Tensor], described: Any, where: Path
 
 def load_weights(model: nn.Module, path: Path) -> None:
     """Load ``model.safetensors`` (a file, or a checkpoint directory holding one) into ``model``."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     if path.is_dir():
         path = path / WEIGHTS

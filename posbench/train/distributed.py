@@ -49,8 +49,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel
 
-from posbench.errors import ConfigError, EnvironmentFault
+from posbench.errors import ConfigError, EnvironmentFault, UserError
 
 TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "POSBENCH_DIST_TIMEOUT", 300.0
 ROLL_CALL_S = 30.0                  # the most a roll call waits for the ranks that are alive to answer
@@ -222,8 +224,6 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 def run_on_main(fn: Callable[[], Any]) -> Any:
     """Call ``fn`` on rank 0 only and hand its value -- or the ``UserError`` it raised -- to every rank."""
-    from posbench.errors import UserError
-
     if not _CURRENT.enabled:
         return fn()
     outcome: tuple[str, Any] = ("ok", None)
@@ -359,6 +359,14 @@ class RankBatches:
 
 # ---- the model -------------------------------------------------------------------------------------------------
 
+def state_dict_api():
+    """``torch.distributed.checkpoint.state_dict``: the full (unsharded) state of a replicated or sharded model
+    and its optimizer."""
+    from torch.distributed.checkpoint import state_dict  # torch.distributed.checkpoint: ~1 s, several processes only
+
+    return state_dict
+
+
 class Replica:
     """One process: the model itself. ``Parallel`` subclasses add DDP or FSDP with the same interface."""
 
@@ -383,18 +391,16 @@ class Replica:
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """The full optimizer state keyed by parameter name, on rank 0 (a collective under FSDP)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        return get_optimizer_state_dict(self.module, optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        api = state_dict_api()
+        return api.get_optimizer_state_dict(self.module, optimizer,
+                                            options=api.StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any] | None) -> None:
         """Load a full, name-keyed optimizer state that rank 0 holds (``None`` elsewhere) into every rank."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
+        api = state_dict_api()
         enabled = current().enabled
-        set_optimizer_state_dict(self.module, optimizer, state if state is not None else {},
-                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=enabled))
+        api.set_optimizer_state_dict(self.module, optimizer, state if state is not None else {},
+                                     options=api.StateDictOptions(full_state_dict=True, broadcast_from_rank0=enabled))
 
     def finish(self) -> None:
         """After training: ``self.model`` holds the trained weights on ``self.device`` on every rank."""
@@ -404,8 +410,6 @@ class DDPReplica(Replica):
     kind = "ddp"
 
     def __init__(self, model: nn.Module, device: torch.device):
-        from torch.nn.parallel import DistributedDataParallel
-
         super().__init__(model, device)
         model.to(device)
         broadcast_module(model)
@@ -427,8 +431,7 @@ class FSDPReplica(Replica):
     kind = "fsdp"
 
     def __init__(self, model: nn.Module, device: torch.device):
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard  # torch.distributed.fsdp: about a second, FSDP only
 
         super().__init__(model, device)
         model.to("cpu")
@@ -449,14 +452,13 @@ class FSDPReplica(Replica):
         return contextlib.nullcontext()
 
     def model_state(self) -> dict[str, torch.Tensor]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        api = state_dict_api()
+        return api.get_model_state_dict(self.module,
+                                        options=api.StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def finish(self) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        full = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True))
+        api = state_dict_api()
+        full = api.get_model_state_dict(self.module, options=api.StateDictOptions(full_state_dict=True))
         self.model.load_state_dict({k: v.to("cpu") for k, v in full.items()})
         self.model.to(self.device)
         self.module = self.model

@@ -33,6 +33,7 @@ from posbench.data.char import BOS, EOS, PAD, SPECIALS, UNK, CharTokenizer
 from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
 from posbench.options import Option, at_least
+from posbench.stats import ExampleScores, mean_recipe
 from posbench.tasks.base import IndexedStream, Task, config_hash
 from posbench.train import distributed
 
@@ -342,8 +343,6 @@ class Arithmetic(Task):
     def example_scores(cls, record: Any, predictions: list[dict[str, Any]]):
         """accuracy / _id / _ood as means of the per-example correctness (every grid cell has the same number
         of examples, so the mean of the cells is the mean of the examples); strata: the grid cells."""
-        from posbench.stats import ExampleScores, mean_recipe
-
         train = int(record.config.task_options["train_digits"])
         seen: dict[tuple, int] = defaultdict(int)
         keys, cells, inside = [], [], []

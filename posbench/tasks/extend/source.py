@@ -7,14 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from posbench.errors import ConfigError
+from posbench.hf.methods import METHODS
 from posbench.tasks.model_source import ModelSource, take_architecture
 
 
 class ExtendedLlama(ModelSource):
     def encodings(self):
         """The extension methods take the encodings' place."""
-        from posbench.hf.methods import METHODS
-
         return METHODS
 
     def choose_encoding(self, encoding: str | None, source: Any) -> str:
@@ -31,7 +30,7 @@ class ExtendedLlama(ModelSource):
     def build(self, task: Any, device: Any) -> tuple[Any, dict[str, Any]]:
         """The Llama with ``task.method`` at ``task.opts["length"]`` (the task keeps the method: its evaluation
         and saving use it too)."""
-        from posbench.hf.adapter import extended_model
+        from posbench.hf.adapter import extended_model  # transformers: only building the model needs it
 
         model = extended_model(task.source.model_dir, task.method, task.scale, task.opts["length"],
                                task.config.label, device)

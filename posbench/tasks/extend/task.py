@@ -21,11 +21,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-
+from posbench.data.lm import token_stream
 from posbench.errors import ConfigError
 from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Evaluation, Metric
 from posbench.evaluation.perplexity import evaluate as evaluate_ppl
+from posbench.hf.loading import HFModelError, default_dtype, describe, load_config, load_tokenizer
+from posbench.hf.methods import make_method
+from posbench.hf.rope import llama_of
+from posbench.hf.saving import save_extended, weights_digest
 from posbench.options import Option, at_least
 from posbench.tasks.corpus_task import CorpusTask
 from posbench.tasks.extend.source import EXTENDED_LLAMA
@@ -78,8 +82,6 @@ class Extend(CorpusTask):
     @property
     def method(self):
         if getattr(self, "_method", None) is None:
-            from posbench.hf.methods import make_method
-
             self._method = make_method(self.config.encoding, self.config.encoding_options)
         return self._method
 
@@ -87,8 +89,6 @@ class Extend(CorpusTask):
     def base(self):
         """The pretrained model's ``LlamaConfig``."""
         if getattr(self, "_base", None) is None:
-            from posbench.hf.loading import load_config
-
             self._base = load_config(self.source.model_dir)
         return self._base
 
@@ -98,13 +98,9 @@ class Extend(CorpusTask):
 
     def _resolve_tokenizer(self):
         """The pretrained model's own (Hugging Face) tokenizer, saved with the extended model."""
-        from posbench.hf.loading import load_tokenizer
-
         return load_tokenizer(self.source.model_dir)
 
     def validate(self) -> None:
-        from posbench.hf.loading import HFModelError
-
         original = int(self.base.max_position_embeddings)
         if self.opts["length"] < original:
             raise HFModelError(f"--length {self.opts['length']} is below the model's own context ({original} tokens, "
@@ -119,7 +115,6 @@ class Extend(CorpusTask):
 
     def train_tokens(self):
         if self._train is None and not self.opts["max_train_tokens"]:
-            from posbench.data.lm import token_stream
             train = self.config.training
             budget = train.steps * train.batch_size * self.opts["length"] + 1
             self._train = token_stream(self.corpus, "train", self.tokenizer, budget)
@@ -146,10 +141,6 @@ class Extend(CorpusTask):
 
     def finish(self, model, run_dir: Path) -> dict[str, Any]:
         """Save the extended model (``checkpoint/model``); its sizes and formulas for the record."""
-        from posbench.hf.loading import default_dtype, describe
-        from posbench.hf.rope import llama_of
-        from posbench.hf.saving import save_extended, weights_digest
-
         directory = Path(run_dir) / MODEL_SUBDIR
         meta = {"label": self.config.label, "base_model": self.source.given, "scale": self.scale,
                 "length": self.opts["length"], "original_max_position_embeddings": int(self.base.max_position_embeddings),

@@ -38,6 +38,7 @@ from posbench.evaluation import passkey as pk
 from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
 from posbench.options import Bound, Each, OneOf, Option, at_least, between
+from posbench.stats import ExampleScores, mean_recipe
 from posbench.tasks.corpus_task import TokenizerMixin
 from posbench.tasks.base import SeededStream, Task, config_hash
 from posbench.train import distributed
@@ -315,8 +316,6 @@ class Passkey(TokenizerMixin, Task):
     def example_scores(cls, record: Any, predictions: list[dict[str, Any]]):
         """Every accuracy metric is the mean of the per-trial correctness over its cells (all cells hold the
         same number of trials); strata: the grid cells (longlora mode: the length points)."""
-        from posbench.stats import ExampleScores, mean_recipe
-
         info = record.evaluation
         correct = 100.0 * np.array([bool(p["correct"]) for p in predictions], dtype=float)
         seen: dict[tuple, int] = defaultdict(int)

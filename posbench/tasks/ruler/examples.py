@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from posbench.data import corpus
 from posbench.tasks.ruler import kinds, niah, vt
 from posbench.tasks.ruler.haystack import CorpusFiller, NoiseFiller, assemble, boundaries, cut
 from posbench.tasks.ruler.values import words_info
@@ -123,8 +124,6 @@ def data_spec(kind: str, **params: Any) -> dict[str, Any]:
     if "words" in (resolved.get("type_needle_k"), resolved.get("type_needle_v")):
         spec["words"] = words_info()
     if resolved["type_haystack"] == "corpus":
-        from posbench.data import corpus
-
         spec["corpus"] = corpus.describe()
     return spec
 

@@ -28,6 +28,7 @@ import torch
 
 from posbench.data.batch import IGNORE_INDEX, Batch, next_token_pair
 from posbench.errors import ConfigError
+from posbench.stats import ExampleScores, mean_recipe
 from posbench.tasks.ruler.examples import data_spec, eval_seed, make_example, train_seed
 from posbench.tasks.ruler.kinds import KINDS, defaults
 from posbench.tasks.ruler.scoring import prediction_record
@@ -222,8 +223,6 @@ class Ruler(TokenizerMixin, Task):
     @classmethod
     def example_scores(cls, record: Any, predictions: list[dict[str, Any]]):
         """Every metric is the mean of the per-example scores over its examples; strata: kind, length, depth."""
-        from posbench.stats import ExampleScores, mean_recipe
-
         train = int(record.evaluation.get("train_length") or 0)
         keys = [str(p["key"]) for p in predictions]
         strata = [(p["kind"], int(p["length"]), float(p["depth"])) for p in predictions]

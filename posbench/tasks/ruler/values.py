@@ -13,6 +13,7 @@ import hashlib
 import uuid
 from functools import lru_cache
 from importlib import resources
+from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
 
@@ -34,8 +35,6 @@ def word_lists() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def words_info() -> dict:
     """Which word lists ``words`` draws from (they differ between wonderwords releases: record them)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     adjs, nouns = word_lists()
     try:
         release = version("wonderwords")

@@ -26,12 +26,18 @@ all the scrolls task ever feeds the model; the full input's SHA-256 and length s
 
 from __future__ import annotations
 
+import hashlib
+import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posbench.data import hub
 from posbench.data.errors import DataError
 from posbench.data.hub_env import datasets_library, hub_offline
+from posbench.data.hub_errors import explain
+from posbench.data.progress import DataBar
 from posbench.data.sources import file_kind
 
 DATASETS = ("gov_report", "summ_screen_fd", "qmsum", "narrative_qa", "qasper", "quality", "contract_nli")
@@ -103,8 +109,6 @@ class _Merger:
         return ex
 
     def _example(self, key: str, row: dict[str, Any], output: Any) -> Example:
-        import hashlib
-
         full = str(row["input"])
         question, text = split_query(self.dataset, full)
         extra = {"input_sha256": hashlib.sha256(full.encode("utf-8")).hexdigest(), "input_chars": len(full)}
@@ -120,9 +124,6 @@ class _Merger:
 
 def split_digest(examples: list[Example]) -> str:
     """SHA-256 identifying the examples read: ids, the SHA-256 of each full input, and the references."""
-    import hashlib
-    import json
-
     items = [(e.id, e.extra.get("input_sha256") or hashlib.sha256(e.input.encode("utf-8")).hexdigest(), e.outputs)
              for e in examples]
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()
@@ -143,16 +144,12 @@ class ScrollsData:
     def url(self, dataset: str, split: str) -> str:
         """What the ``json`` builder reads for one data set and split."""
         if self.kind == "hub":
-            from posbench.data import hub
-
             return f"zip://{dataset}/{split}.jsonl::{hub.HUB_ROOT.rstrip('/')}/{HUB_NAME}/{dataset}.zip"
         folder = self.root / dataset
         if folder.is_dir():
             return str(local_file(self.root, dataset, split))
         archive = self.root / f"{dataset}.zip"
         if archive.is_file():
-            import zipfile
-
             try:
                 with zipfile.ZipFile(archive) as z:
                     names = z.namelist()
@@ -172,8 +169,6 @@ class ScrollsData:
     def check(self, datasets: list[str], splits: tuple[str, ...] = ("train", "validation")) -> None:
         """Every file is there before anything runs (the hub: not offline)."""
         if self.kind == "hub":
-            from posbench.data import hub
-
             if hub_offline() and hub.HUB_ROOT.startswith("hf://"):
                 raise DataError(f"cannot load the hub data set {HUB_NAME} offline: {WHAT_TO_PASS}")
             return
@@ -220,8 +215,6 @@ def _rows(where: ScrollsData, dataset: str, split: str):
     except DataError:
         raise
     except Exception as exc:   # noqa: BLE001 - network, auth or layout problems: one line
-        from posbench.data.hub_errors import explain
-
         if where.kind == "hub":
             message = explain(exc, HUB_NAME, offline=WHAT_TO_PASS)
             if message:
@@ -247,8 +240,6 @@ def load_split(dataset: str, split: str, data: str | Path | None = None, *, limi
     if all_references is None:
         all_references = split != "train"
     merger = _Merger(dataset, doc_chars, doc_side)
-    from posbench.data.progress import DataBar
-
     bar = DataBar(f"read SCROLLS {dataset}/{split}", limit or None, "examples", every=30.0)
     full = False
     last_id = None

@@ -79,7 +79,7 @@ def token_f1(prediction: str, reference: str) -> float:
 
 @lru_cache(maxsize=1)
 def _rouge_scorer():
-    from rouge_score import rouge_scorer
+    from rouge_score import rouge_scorer  # rouge_score (and nltk): only a summary's score needs it
 
     return rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=False)
 
@@ -87,7 +87,7 @@ def _rouge_scorer():
 @lru_cache(maxsize=1)
 def _sentence_splitter():
     try:
-        import nltk
+        import nltk  # nltk: optional (rouge_score's), a regex without it
 
         nltk.data.find("tokenizers/punkt_tab")
         return "nltk", nltk.sent_tokenize

@@ -25,12 +25,14 @@ then ``scrolls_score``. Each data set's predictions are also written as ``scroll
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
+from posbench.stats import ExampleScores, Recipe
 from posbench.tasks.scrolls import data as sd
 from posbench.data.batch import IGNORE_INDEX, Batch, next_token_pair
 from posbench.data.errors import DataError
@@ -38,10 +40,12 @@ from posbench.errors import ConfigError
 from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Evaluation, Metric, mean_stderr
 from posbench.files import atomic_write_json
-from posbench.tasks.scrolls.metric import DATASET_TO_METRICS, scrolls as scrolls_metric, scrolls_score
+from posbench.tasks.scrolls.metric import (DATASET_TO_METRICS, exact_match, rouge_fmeasures, scrolls as scrolls_metric,
+                                           scrolls_score, token_f1)
 from posbench.options import OneOf, Option, at_least
 from posbench.tasks.corpus_task import TokenizerMixin
 from posbench.tasks.base import Phase, SeededStream, Task, config_hash
+from posbench.train import distributed
 
 # paper Table 1 order: QAS F1, CNLI EM, NQA F1, QuAL EM, QMS Rgm, SumS Rgm, GovR Rgm
 TABLE1 = (("qasper", "qasper_f1"), ("contract_nli", "contract_nli_em"), ("narrative_qa", "narrative_qa_f1"),
@@ -128,10 +132,6 @@ class Scrolls(TokenizerMixin, Task):
     @staticmethod
     def _say(line: str) -> None:
         """One line on stderr, from the main process only."""
-        import sys
-
-        from posbench.train import distributed
-
         if distributed.current().is_main:
             print(line, file=sys.stderr)
 
@@ -274,8 +274,6 @@ class Scrolls(TokenizerMixin, Task):
 
     @staticmethod
     def _stderr(dataset: str, preds: list[str], refs: list[list[str]]) -> float | None:
-        from posbench.tasks.scrolls.metric import exact_match, token_f1
-
         kind = DATASET_TO_METRICS[dataset]["metric"]
         if kind == "rouge":
             return None                    # a geometric mean of corpus means: no closed form
@@ -315,9 +313,6 @@ class Scrolls(TokenizerMixin, Task):
         """Per example the official score against its best reference (EM or F1 x100; for the ROUGE data sets
         ROUGE-1, -2 and -L separately, whose means the geometric mean combines); ``scrolls_score`` is the mean
         of the data sets' scores. Strata: the data sets."""
-        from posbench.tasks.scrolls.metric import exact_match, rouge_fmeasures, token_f1
-        from posbench.stats import ExampleScores, Recipe
-
         datasets = [d for d, _ in TABLE1 if any(p["dataset"] == d for p in predictions)]
         keys = [(p["dataset"], str(p["id"])) for p in predictions]
         strata = [p["dataset"] for p in predictions]

@@ -1,0 +1,118 @@
+"""What the declarations say about comparing runs (``posbench.options.Option``): the settings that do not change
+what a run computes (``changes_results=False``: ``train.threads``, ``task.eval_batch_size``, ...) and those added
+after runs were recorded without them, with the value those runs had (``added``).
+
+A setting is named ``section.key`` whatever declares it: ``task.eval_batch_size`` is left out of every task's
+runs when any task declares it so (as ``encoding.fire_init_l`` is one name for every encoding), so that a record
+whose task or encoding is not installed compares as the others do. The declarers: ``ModelConfig``,
+``TrainConfig``, every encoding and extension method (the ``encoding`` section), every task and the benchmark,
+plugins included.
+
+The built-in declarers' facts are read from ``posbench/catalog.py`` (generated from them: no torch); a class beyond
+it (a plugin's, a file dropped into a folder, one defined in this process: ``registry.beyond_catalog``) is read from
+the class itself. Below ``runs/`` and ``report/``: both read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from posbench import catalog
+from posbench.errors import ConfigError
+from posbench.options import Added, Option, declared
+from posbench.registry import KINDS, beyond_catalog, built_in, registry_of
+
+#: each kind of registered class, with the section its options are in (an extension method's: ``encoding``)
+SECTION_OF = {"encoding": "encoding", "method": "encoding", "task": "task"}
+
+
+@dataclass(frozen=True)
+class SettingFacts:
+    """``ignored``: the names of the settings that change how fast a run goes, not what it computes. ``added``:
+    name -> ``Added(schema, before)``."""
+
+    ignored: frozenset[str] = frozenset()
+    added: dict[str, Added] = field(default_factory=dict)
+
+    def counts(self, name: str, value: Any, schema_version: int) -> bool:
+        """Whether the setting ``name`` at ``value`` sets a run of that record schema apart: not when it changes
+        no result, nor when it was added later and holds the value every earlier run had."""
+        if name in self.ignored:
+            return False
+        since = self.added.get(name)
+        return since is None or schema_version < since.schema or since.before != value
+
+
+def facts_of(owners: Iterable[tuple[str, Any]]) -> SettingFacts:
+    """The facts of the options that each ``(section, owner)`` declares (``posbench.options.declared``)."""
+    return merged((section, getattr(owner, "__qualname__", owner), owner_facts(owner)) for section, owner in owners)
+
+
+def owner_facts(owner: Any) -> dict[str, Any]:
+    """One declarer's facts as the catalog holds them: ``ignored`` keys, ``added`` key -> [schema, before]."""
+    options = {k: o for k, o in declared(owner).items() if isinstance(o, Option)}
+    return {"ignored": [k for k, o in options.items() if not o.changes_results],
+            "added": {k: [o.added.schema, o.added.before] for k, o in options.items() if o.added is not None}}
+
+
+def merged(declarers: Iterable[tuple[str, str, dict[str, Any]]]) -> SettingFacts:
+    """The facts of ``(section, who, its facts)``: a setting ignored by any, added as one declares it (two
+    declarations of one name added differently: one line, ``ConfigError``)."""
+    ignored: set[str] = set()
+    added: dict[str, Added] = {}
+    for section, who, facts in declarers:
+        ignored.update(f"{section}.{key}" for key in facts["ignored"])
+        for key, (schema, before) in facts["added"].items():
+            name, since = f"{section}.{key}", Added(schema, before)
+            if added.setdefault(name, since) != since:
+                raise ConfigError(f"{name} is declared added as {added[name]} and as {since} ({who}); declare one")
+    return SettingFacts(frozenset(ignored), added)
+
+
+def declarers() -> list[tuple[str, str, dict[str, Any]]]:
+    """Every declarer's facts, ``(section, who, facts)``: the model's, training's, every encoding's, method's and
+    task's (built-in ones from the catalog, any other from its class) and the benchmark's."""
+    found = [("model", "ModelConfig", catalog.MODEL), ("train", "TrainConfig", catalog.TRAIN)]
+    for kind in ("encoding", "method", "task"):
+        found += [(SECTION_OF[kind], name, facts) for name, facts in kind_facts(kind).items()]
+    return [*found, ("task", "Bench", catalog.BENCH)]
+
+
+def kind_facts(kind: str) -> dict[str, dict[str, Any]]:
+    """name -> facts of every registered class of ``kind``: the catalog's, unless a class beyond it may be
+    registered (then every class's own, imported)."""
+    if not beyond_catalog(kind):
+        return built_in(kind)
+    registry = registry_of(kind)
+    return {name: owner_facts(registry[name]) for name in registry}
+
+
+def declared_facts() -> SettingFacts:
+    """The facts of every declaration (built-in and plugin): read once per ``compare``."""
+    return merged(declarers())
+
+
+def earlier_values(encoding: str | None, task: str | None) -> dict[str, dict[str, Any]]:
+    """By section (``model``, ``train``, ``encoding``, ``task``): the settings added after runs were recorded
+    without them, each at the value those runs had (``Added.before``; T5's ``table_init``: x-transformers' before
+    issue 47, T5's own since), from the declarations of a record's own classes: its encoding's options are its own
+    (two encodings may declare one name, only one of them as added), and so are its task's. An encoding or task no
+    registry holds gives nothing for its section."""
+    owners = {"model": catalog.MODEL, "train": catalog.TRAIN,
+              "encoding": one_facts("encoding", encoding), "task": one_facts("task", task)}
+    return {section: {key: before for key, (_, before) in facts["added"].items()}
+            for section, facts in owners.items() if facts is not None}
+
+
+def one_facts(kind: str, name: str | None) -> dict[str, Any] | None:
+    if name is None:
+        return None
+    if not beyond_catalog(kind):
+        return built_in(kind).get(name)
+    registry = registry_of(kind)
+    return owner_facts(registry[name]) if name in registry else None
+
+
+__all__ = ["KINDS", "SettingFacts", "declared_facts", "earlier_values", "facts_of"]
