@@ -7,8 +7,9 @@ from __future__ import annotations
 import dataclasses
 
 from posbench.cells import PREFIXES, flat
-from posbench import runs, setting_facts
+from posbench import setting_facts
 from posbench.options import RECORDED_SECTIONS, SECTIONS, Setting, declared, typed
+from posbench.runs import run_config
 from posbench.runs.config import RunConfig, resolve_run_config
 from posbench.tasks.presets import PRESET_SECTIONS
 from posbench.train.config import TrainConfig
@@ -43,7 +44,7 @@ def test_the_settings_of_one_named_encoding_reach_that_encodings_run_only():
 
 
 def test_the_earlier_values_have_one_reader():
-    assert runs.config.earlier_values is setting_facts.earlier_values
+    assert run_config.earlier_values is setting_facts.earlier_values     # what a --resume fills in
     earlier = setting_facts.earlier_values("t5", "arithmetic")
     assert earlier["train"] == {k: o.added.before for k, o in declared(TrainConfig).items() if o.added}
     assert earlier["encoding"] == {"table_init": "x-transformers"}
