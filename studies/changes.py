@@ -14,7 +14,7 @@ one table per task lists the (encoding, metric) pairs whose verdict differs betw
 differences and intervals, and says how many kept theirs, how many of the moves compare versions with unequal
 seeds (an interval over fewer seeds is wider: a move to "no difference" there may be the seeds', not the
 encoding's), and which pairs only one version has. A pair without an interval (one seed, no paired examples)
-has no verdict to move and is listed as such. tests/test_study_tables.py checks that a committed
+has no verdict to move and is listed as such. tests/report/test_study_tables.py checks that a committed
 changes.md is what this prints.
 """
 

@@ -9,7 +9,7 @@ killed cell's steps after its last checkpoint are lost and not counted) and eval
 process's start-up, and the time a cell waited for a core. One table per task (encoding, cells, the CPUs they ran on,
 minutes per cell, the encoding's total), then the study's total in hours. On a machine shared with other work the
 times are upper bounds of what quiet cores would take; the CPUs column says which machine each row's cells ran on.
-tests/test_study_tables.py checks that a committed cost.md is what this prints over the committed runs.
+tests/report/test_study_tables.py checks that a committed cost.md is what this prints over the committed runs.
 """
 
 from __future__ import annotations

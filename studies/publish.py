@@ -29,7 +29,7 @@ HEADING: the line above the table in the
 section of that baseline, e.g. ``### perplexity`` or ``**perplexity: difference to rope``); each quote is
 rewritten from tables.md. It may also hold whole copies of plateau.md and cost.md, each between a line
 ``<!-- plateau.md -->`` (or ``<!-- cost.md -->``) and ``<!-- /plateau.md -->``, rewritten likewise. A rerun copies the cells finished since and rewrites all of these, each file
-atomically. tests/test_study_tables.py checks that a committed tables.md is what compare prints over the
+atomically. tests/report/test_study_tables.py checks that a committed tables.md is what compare prints over the
 committed runs, and that the page's quotes are tables.md's, so a page cannot drift from its data.
 
 Only what is inside the sweep is copied, and only inside the page is written: a cell folder, a run folder or a

@@ -8,7 +8,7 @@ real tiny runs; ``./Llama-2-7b-hf`` and ``./tiny-llama`` a tiny Llama; ``scrolls
   run with ``--dry-run``: the whole configuration is resolved (names, presets, every option's type and range,
   ``--init``), nothing trains; a recipe for a GPU or a day of training is checked, not run;
 - ``compare``, ``ls``, ``score``, ``export`` and ``python -m posbench.hf.tiny`` run for real;
-- the Python blocks run (docs/extending.md's are run by tests/test_custom_encoding.py).
+- the Python blocks run (docs/extending.md's are run by tests/encodings/test_custom_encoding.py).
 
 Hub names of models (no network here) stand for the tiny Llama.
 """
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 HUB_MODELS = {"meta-llama/Llama-2-7b-hf": "./Llama-2-7b-hf"}
 RUN_LIKE = {"run", "extend", "bench", "sweep"}
-PYTHON_ELSEWHERE = {"extending.md"}          # tests/test_custom_encoding.py runs these blocks
+PYTHON_ELSEWHERE = {"extending.md"}          # tests/encodings/test_custom_encoding.py runs these blocks
 
 
 def blocks(page: Path, language: str) -> list[str]:

@@ -66,7 +66,7 @@ def test_extending_says_plugins_are_code_that_runs():
 
 
 def test_nothing_cites_the_missing_reference_notes():
-    """docs/paper.md, posbench/hf/tape_llama.py and tests/test_tape.py cited ``reference/tape-and-baselines.md``,
+    """docs/paper.md, posbench/hf/tape_llama.py and tests/encodings/test_tape.py cited ``reference/tape-and-baselines.md``,
     which is not in the repository; they now cite the paper, the release's files at a commit, or a section here."""
     files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "posbench").rglob("*.py"),
              *(ROOT / "tests").glob("*.py")]

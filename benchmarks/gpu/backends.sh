@@ -8,7 +8,7 @@
 #   run(command="bash benchmarks/gpu/backends.sh", carry=[".whl"], timeout_s=230)
 #
 # Phases, each within its limit and what is left of BUDGET (a phase with under 15 s left is skipped):
-#   1. fire-flex test    tests/test_gpu.py's bf16 FIRE-by-flex check against float64, with its traceback   <= 45 s
+#   1. fire-flex test    tests/model/test_gpu.py's bf16 FIRE-by-flex check against float64, with its traceback   <= 45 s
 #   2. eager-1024        RoPE, T5, FIRE, KERPLE, ALiBi, Sandwich at 16 x 1024 with --attention eager      <= 50 s
 #   3. flex-1024         T5, KERPLE, ALiBi, Sandwich at 16 x 1024 with --attention flex (FIRE: 38x on the H100) <= 60 s
 #   4. eager/flex-4096   T5, FIRE, ALiBi at 1 x 4096 by each                                          <= 30 s each
@@ -25,7 +25,7 @@ else
   SHAPE=(--size paper --timed-steps 5 --warmup 2); SHORT=(--lengths 1024 --batch 16); LONG=(--lengths 4096 --batch 1)
   FLEX=flex; TEST=(-k "fire-flex")
 fi
-phase "tests fire-flex" 45 "$PY" -m pytest -v -p no:cacheprovider -m gpu --tb=long tests/test_gpu.py \
+phase "tests fire-flex" 45 "$PY" -m pytest -v -p no:cacheprovider -m gpu --tb=long tests/model/test_gpu.py \
   "${TEST[@]}" >> "$OUT/tests.log" 2>&1
 bench eager-1024 50 "${SHORT[@]}" -e t5,fire,kerple,alibi,sandwich --attention eager
 bench "$FLEX-1024" 60 "${SHORT[@]}" -e t5,kerple,alibi,sandwich --attention "$FLEX"

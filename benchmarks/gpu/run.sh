@@ -11,10 +11,10 @@
 #    2. arithmetic rope   the GPU study's cell (preset gpu, compiled as `auto` does on CUDA) for 400 steps and
 #                         its whole evaluation: the step time after compilation, the compile and evaluation
 #                         times, so that the study's expected time is measured, not estimated         <= 90 s
-#    3. first tests       tests/test_gpu_first.py: CUDA-graph capture, compiled Triton FlexAttention forward/
+#    3. first tests       tests/model/test_gpu_first.py: CUDA-graph capture, compiled Triton FlexAttention forward/
 #                         backward with posbench's kernel options, flash-attn, the CUDA-event timer, TF32  <= 60 s
 #    4. arithmetic tape   the same for TAPE (compiled TAPE on CUDA had not run)                        <= 100 s
-#    5. other tests       pytest -m gpu tests/test_gpu.py (backends, compiled models, decoding, padding),
+#    5. other tests       pytest -m gpu tests/model/test_gpu.py (backends, compiled models, decoding, padding),
 #                         each test at most 30 s where pytest-timeout is installed                    <= 60 s
 #    6. train speed       every encoding at the paper size (12 x 768), 16 x 1024, eager                <= 70 s
 #    7. sdpa vs flex      T5, FIRE, ALiBi at 1 x 2048 and 1 x 4096 by each backend: where auto's threshold
@@ -37,10 +37,10 @@
 # A second call on what is left of the 15 minutes: BUDGET (seconds), ENCODINGS (comma list, in the order wanted),
 # FIRST (the first tests' pytest arguments) and SKIP (phase names: "others", "train-1024", "sdpa-mid", "flex-mid",
 # "memory-8k", "decode", "gpu-rope", "gpu-tape", "paper-rope").
-# SIZE=tiny DEVICE=cpu runs the same plan on a CPU with a tiny model in about a minute (tests/test_gpu_scripts.py).
+# SIZE=tiny DEVICE=cpu runs the same plan on a CPU with a tiny model in about a minute (tests/bench/test_gpu_scripts.py).
 BUDGET=${BUDGET:-560}
 TITLE="posbench GPU call"
-FIRST=${FIRST:-tests/test_gpu_first.py}
+FIRST=${FIRST:-tests/model/test_gpu_first.py}
 eval "FIRST_ARGS=($FIRST)"
 source "$(dirname "$0")/common.sh"
 
@@ -88,7 +88,7 @@ TIMEOUT=()     # each GPU test at most 30 s, where pytest-timeout is installed (
 arithmetic gpu-rope 90 -e rope "${ARITH[@]}"
 tests first 60 "${FIRST_ARGS[@]}"
 arithmetic gpu-tape 100 -e tape "${ARITH[@]}"
-tests others 60 "${TIMEOUT[@]}" tests/test_gpu.py
+tests others 60 "${TIMEOUT[@]}" tests/model/test_gpu.py
 bench train-1024 70 "${SHORT[@]}" "${SOME[@]}"
 bench "${VERSUS[0]}-mid" 30 "${CROSS[@]}" --attention "${VERSUS[0]}"
 bench "${VERSUS[1]}-mid" 30 "${CROSS[@]}" --attention "${VERSUS[1]}"

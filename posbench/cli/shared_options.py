@@ -1,5 +1,5 @@
 """The options several commands share, each declared once (``quiet: Quiet = False``): one spelling, short form and
-help everywhere (``tests/test_cli_options_once.py``). Defaults that differ between commands are ``None``, filled in
+help everywhere (``tests/cli/test_cli_options_once.py``). Defaults that differ between commands are ``None``, filled in
 by the command; registry-made help is ``posbench.cli.registry_help``'s.
 """
 

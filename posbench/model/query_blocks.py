@@ -14,7 +14,7 @@ a float mask (any logit bias) or wider values (TAPE) send them over every score.
   square. Without gradients nothing is kept between blocks (long evaluations hold one block's scores).
 
 Both are the same function as eager attention (``posbench.model.attention``), up to float rounding (tested in
-tests/test_query_blocks.py against the definition in float64, every gradient included).
+tests/model/test_query_blocks.py against the definition in float64, every gradient included).
 
 Measured on a 2-core AMD EPYC (torch 2.13 CPU), one layer's attention at 1 x 4 heads x 2048 tokens x 64,
 forward and backward, fastest of 12: SDPA's causal flash kernel (no bias) 78-85 ms; with a bias as SDPA's
