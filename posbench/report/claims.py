@@ -48,6 +48,7 @@ from posbench.report.comparison import Comparison
 from posbench.report.paired import example_functions, sittings, value_of
 from posbench.runs.record import RunRecord
 from posbench.runs.store import scan_runs
+from posbench.setting_facts import SettingFacts, declared_facts
 from posbench.stats import Difference, StratifiedBootstrap, paired_difference
 
 CLAIMS_FILE = "claims.toml"
@@ -165,6 +166,7 @@ class Measurer:
 
     def __init__(self):
         self.comparison = Comparison()
+        self.facts = declared_facts()
         self._runs: dict[Path, list[RunRecord]] = {}
 
     def runs(self, side: Side) -> list[RunRecord]:
@@ -211,8 +213,18 @@ class Measurer:
             raise ClaimsError(f"claim {claim.id!r}: no run of {side.describe()} in {side.runs}")
         out: dict[Any, RunRecord] = {}
         for run in sorted(runs, key=lambda r: str(r.finished or "")):
+            if run.seed in out and (apart := differing(out[run.seed], run, self.facts)):
+                raise ClaimsError(f"claim {claim.id!r}: {side.describe()} matches runs of seed {run.seed} that differ "
+                                  f"in {', '.join(apart[:4])}; name the one meant in its 'where'")
             out[run.seed] = run                     # a seed run twice: the newest, as compare keeps it
         return out
+
+
+def differing(one: RunRecord, other: RunRecord, facts: SettingFacts) -> list[str]:
+    """The settings two runs differ in, of those that change what a run computes (``SettingFacts.counts``)."""
+    a, b = flat(one), flat(other)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)
+                  and (facts.counts(k, a.get(k), one.schema_version) or facts.counts(k, b.get(k), other.schema_version)))
 
 
 def verdict(claim: Claim, outcomes: list[Outcome]) -> str:

@@ -5,6 +5,8 @@ every published page's claims block equal to what its claims file computes from 
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -124,3 +126,33 @@ def measurer():
 def test_every_published_claims_table_is_its_data_under_the_rule(claims, page, measurer):
     text = page.read_text()
     assert refresh(text, claims, measurer) == text, f"{page}: its claims block is not what {claims} computes"
+
+
+@pytest.mark.parametrize("setting, value, refused", [("model.n_layers", 3, True), ("train.threads", 2, False)])
+def test_a_side_matching_runs_of_one_seed_that_differ_is_refused(tmp_path, setting, value, refused):
+    """Two runs of one seed under one side: a rerun of the same settings (or one differing only in a setting that
+    changes no result, train.threads) keeps the newer, as compare does; runs that differ in a setting that counts
+    are refused in one line naming it, not silently replaced by the newer (a group added to a study later once
+    took the place of the claim's runs that way)."""
+    runs = tmp_path / "runs"
+    shutil.copytree(ROOT / "tests/fixtures/study/runs", runs)
+    source = runs / "perplexity-alibi-tiny-s0"
+    twin = runs / "perplexity-alibi-tiny-s0-twin"
+    shutil.copytree(source, twin)
+    record = json.loads((twin / "result.json").read_text())
+    section, key = setting.split(".")
+    record["config"][section][key] = value
+    if section == "model":                          # the model as built is what a run's settings read
+        record["config"]["model_config"][key] = value
+    record["finished"] = "2099-01-01T00:00:00+00:00"
+    record["run_id"] += "-twin"
+    (twin / "result.json").write_text(json.dumps(record))
+    path = tmp_path / "claims.toml"
+    path.write_text(alibi_above_rope("alibi", "ALiBi extrapolates better than RoPE", "ppl_4x", runs))
+    if refused:
+        with pytest.raises(ClaimsError) as info:
+            Measurer().measure(load(path)[0])
+        assert "differ in model.n_layers" in str(info.value) and "\n" not in str(info.value)
+    else:
+        (outcome,) = Measurer().measure(load(path)[0])
+        assert outcome.difference.estimate is not None
