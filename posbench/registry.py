@@ -219,9 +219,10 @@ class Registry(Mapping[str, type], Generic[T]):
     """A read-mostly mapping of name -> class with duplicate checks and did-you-mean errors."""
 
     def __init__(self, kind: str, entry_point_group: str | None = None, package: str | None = None):
-        """``package``: the package whose modules register the built-in classes, imported at the first lookup (as
-        plugins are), so that a module can look a name up without importing the package itself (the model asks
-        for an encoding; the encodings import the model)."""
+        """``package``: the package whose modules register the built-in classes. A name the catalog knows imports
+        its own module when it is first looked up; listing every name, or a name the catalog does not know,
+        imports the whole folder (``_load_all``). So a module can look a name up without importing the package
+        itself (the model asks for an encoding; the encodings import the model)."""
         self.kind = kind
         self.entry_point_group = entry_point_group
         self.package = package or (KINDS[kind].package if kind in KINDS else None)
@@ -234,6 +235,10 @@ class Registry(Mapping[str, type], Generic[T]):
         if not name or not isinstance(name, str):
             raise ValueError(f"a {self.kind} needs a non-empty string name, got {name!r}")
         existing = self._classes.get(name)
+        shipped = built_in_module(self.kind, name)
+        if existing is None and shipped is not None and shipped != cls.__module__:
+            importlib.import_module(shipped)    # the built-in of that name registers first: no plugin replaces it
+            existing = self._classes.get(name)
         if existing is not None and existing is not cls:
             where = f"{existing.__module__}.{existing.__qualname__}"
             raise ValueError(f"{self.kind} name '{name}' is already registered by {where}")
@@ -404,7 +409,7 @@ def beyond_catalog(kind: str) -> bool:
                                         for name, cls in registry._classes.items())
 
 
-#: the positional encodings: ``posbench.encodings`` registers the built-in ones when it is imported (at the first
-#: lookup at the latest); defined here, below both the model and the encodings, so that the model looks an encoding
-#: up without importing the encodings, which import the model
+#: the positional encodings: each built-in one registers when its module is imported, at the first lookup of its
+#: name (``posbench.catalog`` says which module); defined here, below both the model and the encodings, so that
+#: the model looks an encoding up without importing the encodings, which import the model
 ENCODINGS: Registry = Registry("encoding", entry_point_group="posbench.encodings", package="posbench.encodings")

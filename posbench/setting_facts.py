@@ -19,10 +19,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from posbench import catalog
+from posbench import catalog, catalog_entry
 from posbench.errors import ConfigError
-from posbench.options import Added, Option, declared
-from posbench.registry import KINDS, beyond_catalog, built_in, registry_of
+from posbench.options import Added
+from posbench.registry import beyond_catalog, built_in, registry_of
 
 #: each kind of registered class, with the section its options are in (an extension method's: ``encoding``)
 SECTION_OF = {"encoding": "encoding", "method": "encoding", "task": "task"}
@@ -45,16 +45,10 @@ class SettingFacts:
         return since is None or schema_version < since.schema or since.before != value
 
 
-def facts_of(owners: Iterable[tuple[str, Any]]) -> SettingFacts:
-    """The facts of the options that each ``(section, owner)`` declares (``posbench.options.declared``)."""
-    return merged((section, getattr(owner, "__qualname__", owner), owner_facts(owner)) for section, owner in owners)
-
-
-def owner_facts(owner: Any) -> dict[str, Any]:
-    """One declarer's facts as the catalog holds them: ``ignored`` keys, ``added`` key -> [schema, before]."""
-    options = {k: o for k, o in declared(owner).items() if isinstance(o, Option)}
-    return {"ignored": [k for k, o in options.items() if not o.changes_results],
-            "added": {k: [o.added.schema, o.added.before] for k, o in options.items() if o.added is not None}}
+def facts_of_owners(owners: Iterable[tuple[str, Any]]) -> SettingFacts:
+    """The facts of the options that each ``(section, owner)`` declares (``catalog_entry.facts``)."""
+    return merged((section, getattr(owner, "__qualname__", owner), catalog_entry.facts(owner))
+                  for section, owner in owners)
 
 
 def merged(declarers: Iterable[tuple[str, str, dict[str, Any]]]) -> SettingFacts:
@@ -86,7 +80,7 @@ def kind_facts(kind: str) -> dict[str, dict[str, Any]]:
     if not beyond_catalog(kind):
         return built_in(kind)
     registry = registry_of(kind)
-    return {name: owner_facts(registry[name]) for name in registry}
+    return {name: catalog_entry.facts(registry[name]) for name in registry}
 
 
 def declared_facts() -> SettingFacts:
@@ -112,7 +106,7 @@ def one_facts(kind: str, name: str | None) -> dict[str, Any] | None:
     if not beyond_catalog(kind):
         return built_in(kind).get(name)
     registry = registry_of(kind)
-    return owner_facts(registry[name]) if name in registry else None
+    return catalog_entry.facts(registry[name]) if name in registry else None
 
 
-__all__ = ["KINDS", "SettingFacts", "declared_facts", "earlier_values", "facts_of"]
+__all__ = ["SettingFacts", "declared_facts", "earlier_values", "facts_of_owners"]

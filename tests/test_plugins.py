@@ -125,3 +125,17 @@ def test_entry_points_of_an_installed_package(tmp_path):
     assert_compared(output, 1)
     listed = run_commands(["posbench ls tasks copy"], work, [site])
     assert "origin: plugin (my-package)" in listed
+
+
+def test_a_plugin_cannot_take_a_built_in_name_before_its_module_is_imported(tmp_path):
+    """Built-in modules are imported when their name is first looked up, plugins before: a plugin's class named
+    'rope' is still refused in one line (the built-in of that name registers first), in a fresh process where
+    nothing has imported posbench.encodings.rope yet."""
+    plugin = tmp_path / "mine.py"
+    plugin.write_text("from posbench.encodings.base import PositionalEncoding\n\n\n"
+                      "class Mine(PositionalEncoding):\n    name = 'rope'\n")
+    done = subprocess.run([sys.executable, "-m", "posbench", "--plugins", str(plugin), "run", "-t", "arithmetic",
+                           "-e", "rope", "--dry-run"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert "already registered by posbench.encodings.rope.RoPE" in line

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from test_one_line_errors import cli, one_error_line
+from tests.cli.test_one_line_errors import cli, one_error_line
 
 
 def dry(capsys, *argv) -> list[dict]:

@@ -11,8 +11,8 @@ from posbench.encodings import ENCODINGS
 from posbench.encodings.alibi import ALiBi
 from posbench.errors import ConfigError
 from posbench.options import Added, Option, at_least
-from posbench.setting_facts import SettingFacts, declared_facts, facts_of
-from test_compare import make_run
+from posbench.setting_facts import SettingFacts, declared_facts, facts_of_owners
+from tests.report.test_compare import make_run
 
 #: the sets report/grouping.py wrote out by hand before they moved onto the declarations (and task.probe_tokens,
 #: the length probe's sample, since issue 56)
@@ -50,9 +50,9 @@ def test_two_declarations_of_one_setting_added_differently_are_refused():
     class B:
         OPTIONS = {"x": Option(2, "x", at_least(0), added=Added(2, 2))}
 
-    assert facts_of([("task", A), ("task", A)]).added == {"task.x": Added(2, 1)}
+    assert facts_of_owners([("task", A), ("task", A)]).added == {"task.x": Added(2, 1)}
     with pytest.raises(ConfigError, match="task.x is declared added"):
-        facts_of([("task", A), ("task", B)])
+        facts_of_owners([("task", A), ("task", B)])
 
 
 @pytest.fixture

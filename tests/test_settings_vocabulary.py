@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from posbench.cells import PREFIXES, flat
+from posbench.errors import ConfigError
 from posbench import setting_facts
 from posbench.options import RECORDED_SECTIONS, SECTIONS, Setting, declared, typed
 from posbench.runs import run_config
@@ -44,8 +47,18 @@ def test_the_settings_of_one_named_encoding_reach_that_encodings_run_only():
 
 
 def test_the_earlier_values_have_one_reader():
-    assert run_config.earlier_values is setting_facts.earlier_values     # what a --resume fills in
+    assert run_config.setting_facts is setting_facts     # what a --resume fills in: setting_facts.earlier_values
     earlier = setting_facts.earlier_values("t5", "arithmetic")
     assert earlier["train"] == {k: o.added.before for k, o in declared(TrainConfig).items() if o.added}
     assert earlier["encoding"] == {"table_init": "x-transformers"}
     assert typed("x.new", "3", 4) == 3 and typed("x.flag", "yes", False) is True
+
+
+def test_an_encoding_setting_no_encoding_declares_is_refused_not_dropped():
+    """``-e rope,alibi --theta 500`` sets RoPE's theta and leaves ALiBi's run alone; a key that no encoding declares
+    (a typo from Python: the command line has no such flag) is refused in one line, not silently left out."""
+    theta = Setting("encoding", "theta", 500.0)
+    assert resolve_run_config("arithmetic", "rope", "tiny", settings=[theta]).encoding_options["theta"] == 500.0
+    assert "theta" not in resolve_run_config("arithmetic", "alibi", "tiny", settings=[theta]).encoding_options
+    with pytest.raises(ConfigError, match="encoding.thetaa: unknown setting"):
+        resolve_run_config("arithmetic", "rope", "tiny", settings=[Setting("encoding", "thetaa", 1.0)])

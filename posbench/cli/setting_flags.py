@@ -244,8 +244,9 @@ class SettingFlags(TyperCommand):
     def chosen(self, ctx: Any, args: list[str]) -> dict[str, Any]:
         """The choosers' values, from a first, resilient parse: the flags not yet made are unknown options, left
         aside, and so is a negative number (``--lr -1e-3``; click would read ``-e -3``) unless a chooser's."""
-        first = click.Context(self, info_name=ctx.info_name, resilient_parsing=True, ignore_unknown_options=True,
-                              token_normalize_func=ctx.token_normalize_func)
+        first = click.Context(self, parent=ctx.parent, info_name=ctx.info_name, resilient_parsing=True,
+                              ignore_unknown_options=True, token_normalize_func=ctx.token_normalize_func,
+                              help_option_names=ctx.help_option_names)   # click keeps the first help option made
         names = {name for param in self.params if param.name in self.choosers for name in param.opts}
         words = [word for i, word in enumerate(args)
                  if not (NEGATIVE.match(word) and (i == 0 or args[i - 1] not in names))]

@@ -9,7 +9,7 @@
 
 The encodings (``posbench.encodings``) import ``bias.py`` and ``generate.py``; ``transformer.py`` never imports
 the encodings: it looks an encoding up in ``posbench.registry.ENCODINGS``, where they register (the registry imports
-the encodings' package at its first lookup), or takes one built (``Transformer(cfg, encoding)``). So either package
+an encoding's module at the first lookup of its name), or takes one built (``Transformer(cfg, encoding)``). So either package
 can be imported first, and every import runs down.
 """
 

@@ -86,6 +86,16 @@ class _Reader:
         self.declared = declared
         self.done: dict[int, RunFacts] = {}
         self.parents: dict[str, RunRecord | None] = {}
+        self.earlier: dict[tuple, dict[str, Any]] = {}     # (encoding, task) -> its earlier values, flat
+
+    def held(self, run: RunRecord) -> dict[str, Any]:
+        """The earlier values of the settings added later, flat, read once per encoding and task."""
+        key = (run.encoding, run.task)
+        if key not in self.earlier:
+            self.earlier[key] = {f"{section}.{name}": value
+                                 for section, values in earlier_values(run.encoding, run.task).items()
+                                 for name, value in values.items()}
+        return self.earlier[key]
 
     def facts(self, run: RunRecord) -> RunFacts:
         if id(run) in self.done:
@@ -95,9 +105,7 @@ class _Reader:
         flat = settings(self.declared, run, parent, above)
         shared = {k: v for k, v in flat.items() if not per_encoding(k)}
         own = {k: v for k, v in flat.items() if per_encoding(k)}
-        held = {f"{section}.{key}": value for section, values in earlier_values(run.encoding, run.task).items()
-                for key, value in values.items()}
-        shown = {"task_version": 1, **held, **flat}
+        shown = {"task_version": 1, **self.held(run), **flat}
         code = sorted([str(p.get("module")), str(p.get("sha256"))] for p in run.plugins)    # the whole hashes
         group = json.dumps({"encoding": run.encoding, **flat, **({"plugin code": code} if code else {})},
                            sort_keys=True, default=str)

@@ -125,7 +125,7 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
         raise ConfigError(f"--seed {seed}: a seed must be between 0 and {MAX_SEED} (NumPy's range)")
     task_cls, preset, source, encoding, encoding_cls, sections, options = starting_point(task, encoding, preset,
                                                                                           init, init_flag)
-    given = [*for_encoding(settings, encoding, sections["encoding"]),
+    given = [*for_encoding(settings, encoding, sections["encoding"], task_cls.model_source.encodings()),
              *read_settings(sections, [parse_assignment(item) for item in sets], options=options)]
     apply_settings(sections, given)
     task_cls.adjust(sections, source)
@@ -139,16 +139,18 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
                      task_options=checked["task"], logs=validate(logs) if logs else [])
 
 
-def for_encoding(settings: Sequence[Setting], encoding: str | None, keys: Any) -> list[Setting]:
+def for_encoding(settings: Sequence[Setting], encoding: str | None, keys: Any, registry: Any) -> list[Setting]:
     """Of the flags' settings for every chosen encoding, this run's: an ``encoding`` one of a key it declares
-    (``keys``; ``--theta`` with ``-e rope,alibi``: RoPE's), an ``encoding:NAME`` one of this encoding, every other."""
+    (``keys``; ``--theta`` with ``-e rope,alibi``: RoPE's) or that no encoding of ``registry`` declares (refused
+    later as unknown), an ``encoding:NAME`` one of this encoding, every other."""
     kept = []
     for setting in settings:
         if setting.section.startswith(ONE_ENCODING):
             if setting.section != ONE_ENCODING + str(encoding):
                 continue
             setting = setting._replace(section="encoding")
-        elif setting.section == "encoding" and setting.key not in keys:
+        elif setting.section == "encoding" and setting.key not in keys and \
+                any(setting.key in opts.declared(registry[name]) for name in registry):
             continue
         kept.append(setting)
     return kept

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from posbench import setting_facts
 from posbench.errors import ConfigError
 from posbench.model.config import current_names
 from posbench.options import RECORDED_SECTIONS
 from posbench.runs.init import InitSource
-from posbench.setting_facts import earlier_values
 from posbench.train.config import TrainConfig
 
 
@@ -77,7 +77,7 @@ class RunConfig:
 def with_earlier_values(values: dict[str, Any]) -> None:
     """Fill in a recorded section's settings added since, at their earlier values (``Added.before``), not today's
     defaults; a section the record lacks stays empty."""
-    for section, earlier in earlier_values(values.get("encoding"), values.get("task")).items():
+    for section, earlier in setting_facts.earlier_values(values.get("encoding"), values.get("task")).items():
         key = RECORDED_SECTIONS[section]
         recorded = values.get(key)
         if isinstance(recorded, dict) and recorded:     # a new dict, the record's own keys first, in their order

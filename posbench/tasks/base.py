@@ -127,7 +127,7 @@ class Runnable(Configurable):
     model_source: ClassVar[ModelSource] = FRESH
 
     def __init__(self, config):
-        """``config``: the run's ``posbench.runs.config.RunConfig``; ``source``: what its ``--init`` resolved to
+        """``config``: the run's ``posbench.runs.run_config.RunConfig``; ``source``: what its ``--init`` resolved to
         (a ``posbench.runs.init.InitSource``), or None."""
         self.config = config
         self.opts: dict[str, Any] = dict(config.task_options)

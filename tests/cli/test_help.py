@@ -148,3 +148,15 @@ def test_the_sweep_help_names_the_study_files_slurm_table(capsys, monkeypatch):
     """Rich read "[slurm]" as markup and dropped it: the help said "the study file's  table"."""
     text = _help(capsys, monkeypatch, "sweep")
     assert "study file's [slurm] table" in text
+
+
+@pytest.mark.parametrize("command", ["run", "extend", "bench", "sweep", "compare", "ls"])
+def test_dash_h_is_help_for_every_command(capsys, monkeypatch, command):
+    """``-h`` is ``--help`` everywhere: the commands whose flags are made per command line (run, extend, bench,
+    sweep) take it too (their first parse once made click keep a --help-only option)."""
+    monkeypatch.setenv("COLUMNS", "120")
+    texts = []
+    for flag in ("-h", "--help"):
+        assert main([command, flag]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] and f"posbench {command}" in texts[0]
