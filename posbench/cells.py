@@ -34,4 +34,9 @@ def resolved(run: Any) -> dict[str, dict[str, Any]]:
 
 def flat(run: Any) -> dict[str, Any]:
     """``resolved(run)`` as one dict of ``section.key`` -> value."""
-    return {f"{section}.{key}": value for section, values in resolved(run).items() for key, value in values.items()}
+    return flattened(resolved(run))
+
+
+def flattened(sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Settings by section as one dict of ``section.key`` -> value."""
+    return {f"{section}.{key}": value for section, values in sections.items() for key, value in values.items()}

@@ -224,8 +224,9 @@ class Registry(Mapping[str, type], Generic[T]):
         imports the whole folder (``_load_all``). So a module can look a name up without importing the package
         itself (the model asks for an encoding; the encodings import the model)."""
         self.kind = kind
-        self.entry_point_group = entry_point_group
-        self.package = package or (KINDS[kind].package if kind in KINDS else None)
+        where = KINDS.get(kind)                 # a kind posbench knows: its folder and group, from one table
+        self.entry_point_group = entry_point_group or (where.entry_point_group if where else None)
+        self.package = package or (where.package if where else None)
         self._classes: dict[str, type] = {}
         self._origins: dict[str, str] = {}
         self._plugins_loaded = False          # plugins and entry points
@@ -412,4 +413,4 @@ def beyond_catalog(kind: str) -> bool:
 #: the positional encodings: each built-in one registers when its module is imported, at the first lookup of its
 #: name (``posbench.catalog`` says which module); defined here, below both the model and the encodings, so that
 #: the model looks an encoding up without importing the encodings, which import the model
-ENCODINGS: Registry = Registry("encoding", entry_point_group="posbench.encodings", package="posbench.encodings")
+ENCODINGS: Registry = Registry("encoding")

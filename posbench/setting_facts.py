@@ -21,12 +21,8 @@ from typing import Any
 
 from posbench import catalog, catalog_entry
 from posbench.errors import ConfigError
-from posbench.options import Added
+from posbench.options import SYNONYMS, Added
 from posbench.registry import beyond_catalog, built_in, registry_of
-
-#: each kind of registered class, with the section its options are in (an extension method's: ``encoding``)
-SECTION_OF = {"encoding": "encoding", "method": "encoding", "task": "task"}
-
 
 @dataclass(frozen=True)
 class SettingFacts:
@@ -70,7 +66,7 @@ def declarers() -> list[tuple[str, str, dict[str, Any]]]:
     task's (built-in ones from the catalog, any other from its class) and the benchmark's."""
     found = [("model", "ModelConfig", catalog.MODEL), ("train", "TrainConfig", catalog.TRAIN)]
     for kind in ("encoding", "method", "task"):
-        found += [(SECTION_OF[kind], name, facts) for name, facts in kind_facts(kind).items()]
+        found += [(SYNONYMS.get(kind, kind), name, facts) for name, facts in kind_facts(kind).items()]
     return [*found, ("task", "Bench", catalog.BENCH)]
 
 

@@ -3,6 +3,7 @@ classes, so it can never drift from them."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from posbench import catalog_build
-from posbench.registry import beyond_catalog
 
 
 def test_the_catalog_is_what_the_classes_declare():
@@ -47,11 +47,22 @@ def test_commands_that_build_no_model_do_not_import_torch(args, tmp_path):
     assert done.stderr.strip().splitlines()[-1] == "NO TORCH"
 
 
-def test_a_plugin_named_takes_the_catalogs_place(tmp_path, monkeypatch):
-    """A plugin named in the environment: the registries themselves are read, not the catalog alone."""
-    assert not beyond_catalog("encoding")
-    monkeypatch.setenv("POSBENCH_PLUGINS", str(tmp_path / "mine.py"))
-    assert beyond_catalog("encoding") and beyond_catalog("task")
+BEYOND = """
+import os, sys
+print(beyond_catalog("encoding"), end=" ")
+os.environ["POSBENCH_PLUGINS"] = sys.argv[1]
+print(beyond_catalog("encoding"), beyond_catalog("task"))
+"""
+
+
+def test_a_plugin_named_takes_the_catalogs_place(tmp_path):
+    """A plugin named in the environment: the registries themselves are read, not the catalog alone. In a fresh
+    process: a class another test registered in this one is beyond the catalog too."""
+    env = {k: v for k, v in os.environ.items() if k != "POSBENCH_PLUGINS"}
+    done = subprocess.run([sys.executable, "-c", BEYOND, str(tmp_path / "mine.py")], capture_output=True, text=True,
+                          cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "True"]
 
 
 def test_check_says_whether_the_catalog_is_stale_and_writes_nothing(tmp_path, monkeypatch, capsys):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posbench.cells import flattened
 from posbench.errors import UserError
 from posbench.options import SECTIONS
 from posbench.report.effective_length import Tolerance, with_effective_lengths
@@ -92,9 +93,7 @@ class _Reader:
         """The earlier values of the settings added later, flat, read once per encoding and task."""
         key = (run.encoding, run.task)
         if key not in self.earlier:
-            self.earlier[key] = {f"{section}.{name}": value
-                                 for section, values in earlier_values(run.encoding, run.task).items()
-                                 for name, value in values.items()}
+            self.earlier[key] = flattened(earlier_values(run.encoding, run.task))
         return self.earlier[key]
 
     def facts(self, run: RunRecord) -> RunFacts:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from posbench.cells import flattened
 from posbench.evaluation.metrics import METRICS
 from posbench.files import check_name, json_object, sha256_file
 from posbench.loggers import make_loggers as build_loggers
@@ -219,8 +220,7 @@ def check_checkpoint(run_dir: Path, checkpoint_dir: Path, config: RunConfig, mod
     runs had before it (``Added``); one without such a value is not compared."""
     found = checkpoint_path(checkpoint_dir)
     state = json_object(found / STATE) or {}
-    before = {f"{section}.{name}": value for section, values in earlier_values(config.encoding, config.task).items()
-              for name, value in values.items()}
+    before = flattened(earlier_values(config.encoding, config.task))
     ignored = settings_changing_nothing(config)
     pairs = [(state.get("run_settings"), run_settings(config)),
              (flat_train(state.get("train_config")), flat_train(train.to_dict()))]

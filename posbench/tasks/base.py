@@ -85,7 +85,7 @@ from posbench.registry import Registry
 from posbench.tasks.model_source import FRESH, ModelSource
 from posbench.train.config import TrainConfig
 
-TASKS: Registry = Registry("task", entry_point_group="posbench.tasks")
+TASKS: Registry = Registry("task")
 #: members of the Task before model_source took them over (a subclass that still defines one is refused)
 MOVED_TO_MODEL_SOURCE = ("needs_model", "build_model", "choose_encoding", "take_init", "encodings")
 #: members of the Task before posbench.tasks.presets took them over: a task gives ``presets`` (or its TOML file)
