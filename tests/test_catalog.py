@@ -49,6 +49,7 @@ def test_commands_that_build_no_model_do_not_import_torch(args, tmp_path):
 
 BEYOND = """
 import os, sys
+from posbench.registry import beyond_catalog
 print(beyond_catalog("encoding"), end=" ")
 os.environ["POSBENCH_PLUGINS"] = sys.argv[1]
 print(beyond_catalog("encoding"), beyond_catalog("task"))
