@@ -40,6 +40,12 @@ class SettingFacts:
         since = self.added.get(name)
         return since is None or schema_version < since.schema or since.before != value
 
+    def counted(self, sections: dict[str, dict[str, Any]], schema_version: int) -> dict[str, dict[str, Any]]:
+        """By section, the settings of a record of that schema that set it apart (``counts``)."""
+        return {section: {key: value for key, value in values.items()
+                          if self.counts(f"{section}.{key}", value, schema_version)}
+                for section, values in sections.items()}
+
 
 def facts_of_owners(owners: Iterable[tuple[str, Any]]) -> SettingFacts:
     """The facts of the options that each ``(section, owner)`` declares (``catalog_entry.facts``)."""

@@ -67,7 +67,9 @@ def bench_title(run: RunRecord) -> str:
 
 def bench_table(run: RunRecord) -> TaskTable:
     lengths, encodings = bench_lengths(run), bench_encodings(run)
-    by_key = {(str(c.get("encoding")), c.get("length")): c for c in bench_cells(run)}
+    title = bench_title(run)
+    measured = bench_cells(run)
+    by_key = {(str(c.get("encoding")), c.get("length")): c for c in measured}
     columns, labels, hib = [], {}, {}
     for length in lengths:
         for key, suffix, head, higher, _ in QUANTITIES:
@@ -89,7 +91,7 @@ def bench_table(run: RunRecord) -> TaskTable:
                 cells[f"{length}:{suffix}"] = Cell(None if value is None else value * scale, note=note)
         rows.append(Row(enc, enc, run_id(run), str(run.path), None, cells, None, [run]))
     mark_best(rows, [c for c in columns if not c.endswith(":x_rope")], hib)
-    errors = [f"{c.get('encoding')} at {c.get('length')}: {c.get('error')}" for c in bench_cells(run)
+    errors = [f"{c.get('encoding')} at {c.get('length')}: {c.get('error')}" for c in measured
               if c.get("status") == "error" and c.get("error")]
     bench = run.bench or {}
     notes = [f"MFU against a peak of {bench['peak_tflops']:g} TFLOP/s ({bench.get('peak_source', 'unknown source')})"
@@ -97,8 +99,8 @@ def bench_table(run: RunRecord) -> TaskTable:
              f"timer: {bench.get('timer', '?')}"]
     notes += [f"error: {e}" for e in errors]
     not_compiled = [f"{c.get('encoding')} at {c.get('length')} ({c.get('graphs')} graphs, {c.get('graph_breaks')} "
-                    f"breaks)" for c in bench_cells(run) if c.get("compiled") is False]
+                    f"breaks)" for c in measured if c.get("compiled") is False]
     if not_compiled:
         notes.append("NOT compiled: " + ", ".join(not_compiled))
-    return TaskTable("bench", None, columns, hib, rows, [run], title=bench_title(run), grouped=False, notes=notes,
+    return TaskTable("bench", None, columns, hib, rows, [run], title=title, grouped=False, notes=notes,
                      kind="bench", labels=labels)

@@ -70,7 +70,8 @@ def _task_variants(reading: Reading, runs: list[RunRecord]) -> dict[str, list[st
 
 def models_table(reading: Reading, runs: list[RunRecord]) -> TaskTable:
     runs = [r for r in runs if r.bench is None]
-    variants = _task_variants(reading, [r for r in runs if not makes_model(r)])
+    evaluations = [r for r in runs if not makes_model(r)]
+    variants = _task_variants(reading, evaluations)
     models: dict[str, dict[str, Any]] = {}
     for run in runs:
         identity, own = model_of(reading, run)
@@ -115,8 +116,8 @@ def models_table(reading: Reading, runs: list[RunRecord]) -> TaskTable:
              "extension (extend) is a model of its own; a row's runs of one task are averaged"]
     for task, fps in variants.items():
         if len(fps) > 1:
-            task_runs = [[r for r in runs if str(r.task) == task and not makes_model(r)
-                          and reading[r].evaluation == fp][:1] for fp in fps]
+            task_runs = [[r for r in evaluations if str(r.task) == task and reading[r].evaluation == fp][:1]
+                         for fp in fps]
             apart, _ = grouping.distinguishing(reading, task_runs)
             for i, a in enumerate(apart):
                 shown = [f"{k}={grouping.show(v)}" for k, v in a.items()

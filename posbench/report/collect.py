@@ -1,7 +1,8 @@
-"""``compare`` from records to tables, in order: read the runs (``reading``: each run's facts once), group and pool
-them into one table per task (``tables``, through ``grouping``; ``by_model``: one table of models; a benchmark
-run as its efficiency table), test them against a baseline when asked (``paired``); rendering is the caller's
-(``formats``, ``terminal``, ``html``)."""
+"""``compare`` from records to tables, in a straight line, each step taking what the one before returned: read the
+records (``posbench.runs.store``) and each run's facts once (``reading``), group each task's runs into rows
+(``grouping``), pool the rows into the task's table (``tables``), test it against a baseline when asked (``paired``);
+``--by-model`` makes one table of models instead (``by_model``), and a benchmark run is its efficiency table
+(``bench``). Rendering is the caller's (``formats``, ``terminal``, ``html``)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ from pathlib import Path
 from posbench.report.bench import bench_table
 from posbench.report.by_length import by_length_tables
 from posbench.report.comparison import Comparison
-from posbench.report.effective_length import Tolerance, capped, effective_note
+from posbench.report.effective_length import Tolerance, capped, effective_note, with_effective_lengths
 from posbench.report.structure import Report
 from posbench.report.by_model import models_table
+from posbench.report.grouping import group
 from posbench.report.paired import add_differences
-from posbench.report.reading import read
-from posbench.report.tables import build_table, unusable_values
+from posbench.report.reading import facts_of
+from posbench.report.tables import pooled_table, unusable_values
 from posbench.runs.record import ResultError, RunRecord
+from posbench.runs.store import scan_runs
 
 
 def collect(root: Path | str, task: str | None = None, *, by_run: bool = False, against: str | None = None,
@@ -26,8 +29,9 @@ def collect(root: Path | str, task: str | None = None, *, by_run: bool = False, 
     ``Comparison`` serves the whole compare's paired differences: each predictions file is read once, each run
     resampled once. Pass the same ``comparison`` to several collects of one tree (against several baselines: a
     study's tables) to share that work; the tables are those of a collect alone."""
-    reading = read(root, task, tolerance)
-    runs, problems = reading.runs, reading.problems
+    runs, problems = scan_runs(Path(root))
+    runs = [with_effective_lengths(run, tolerance) for run in runs if task is None or run.task == task]
+    reading = facts_of(runs, problems)
     comparison = Comparison() if comparison is None else comparison
     if by_model:
         return Report([models_table(reading, runs)] if runs else [], problems, unusable_values(runs))
@@ -37,7 +41,8 @@ def collect(root: Path | str, task: str | None = None, *, by_run: bool = False, 
             by_task.setdefault(str(run.task), []).append(run)
     tables = []
     for name, items in sorted(by_task.items()):
-        table = build_table(name, items, reading, by_run=by_run)
+        groups = None if by_run else group(reading, name, items)
+        table = pooled_table(name, items, groups)
         if any("eff_len" in run.metrics for run in items):
             table.notes.append(effective_note(tolerance, capped(items)))
         if against is not None:

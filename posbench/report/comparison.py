@@ -2,7 +2,7 @@
 tables against several baselines): each run's per-example scores (every predictions file read once), one draw of
 bootstrap replicates per list of strata, each run resampled once, and the lines to say about the files it would
 not read. Nothing outlives the compare: the next one reads the tree afresh. (The runs' settings, seeds and
-``--init`` records are read once by compare's first step, ``posbench.report.reading``.)"""
+``--init`` records are read once, with each run's facts: ``posbench.report.reading``.)"""
 
 from __future__ import annotations
 

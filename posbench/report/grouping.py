@@ -21,17 +21,45 @@ The version of the task that made a run (``task_version``, 1 for records written
 a setting too, counted only when it is not 1 (so that the runs and fingerprints of version 1 stay as they
 were): runs of two versions of a task are never pooled, and ``versions_note`` says so in one line.
 
-compare's second step: it takes what the first one read (``posbench.report.reading``: each run's settings,
-seed and group key, computed there once) and returns the groups, what sets each apart and the lines to say.
+compare's second step (``group``): it takes what the first one read (``posbench.report.reading``: each run's
+settings, seed and group key, computed there once) and returns a task's rows: the runs each pools, what sets each
+apart and the lines to say.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from posbench.report.reading import PLUGINS, Reading
+from posbench.report.facts import PLUGINS
+from posbench.report.reading import Reading
 from posbench.runs.record import RunRecord
+
+
+@dataclass
+class Groups:
+    """A task's runs in rows (``group``): each row's runs (one per seed, in the order of their seeds), their seeds
+    (``RunFacts.seed``), the row's label and the settings that set it apart, and the lines its table says of them."""
+
+    runs: list[list[RunRecord]]
+    seeds: list[list[Any]]
+    labels: list[str]
+    apart: list[dict[str, Any]]
+    notes: list[str]
+
+
+def group(reading: Reading, task: str, runs: list[RunRecord]) -> Groups:
+    """The rows of ``task``'s table: its runs in groups of equal settings (the module docstring)."""
+    groups, repeated = group_runs(reading, runs)
+    apart, differing = distinguishing(reading, groups)
+    notes = [line for line in [versions_note(task, runs), plugins_note(groups)] if line]
+    if differing:
+        notes.append(f"rows differ in {', '.join(differing)} (besides the encoding); every other setting is equal")
+    if repeated:
+        notes.append(f"{repeated} repeated run(s) of a seed left out (the newest is kept; --by-run lists all)")
+    return Groups(groups, [[reading[r].seed for r in g] for g in groups],
+                  [label(str(g[0].encoding), a) for g, a in zip(groups, apart)], apart, notes)
 
 
 def newest_first(run: RunRecord) -> tuple:

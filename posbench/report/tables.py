@@ -1,5 +1,5 @@
-"""compare's third step, a task's table: the groups of its runs (``posbench.report.grouping``) each pooled into one
-row (mean and 95% interval over seeds), or one row per run (``by_run``)."""
+"""compare's third step, a task's table: the rows of its runs (``posbench.report.grouping``) each pooled (mean and 95%
+interval over seeds), or one row per run (``--by-run``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from posbench.evaluation.metrics import METRICS
 from posbench.report import grouping
 from posbench.report.best import RULE, mark_best
+from posbench.report.grouping import Groups
 from posbench.report.plateau import still_improving
 from posbench.report.reading import Reading
 from posbench.report.structure import Cell, Row, TaskTable, grid_values, num, unusable_grid_values
@@ -16,28 +17,27 @@ from posbench.runs.record import RunRecord
 
 
 def build_table(task: str, runs: list[RunRecord], reading: Reading, *, by_run: bool = False) -> TaskTable:
-    """``reading``: the runs' facts (``posbench.report.reading``: ``collect`` passes its own)."""
+    """A task's table: its runs in rows (``posbench.report.grouping.group``; one per run when ``by_run``), pooled
+    (``pooled_table``). ``reading``: the runs' facts (``posbench.report.reading``)."""
+    return pooled_table(task, runs, None if by_run else grouping.group(reading, task, runs))
+
+
+def pooled_table(task: str, runs: list[RunRecord], groups: Groups | None) -> TaskTable:
+    """The table of ``runs``: each row of ``groups`` pooled, or one row per run when ``groups`` is None."""
     columns, hib, primary = metric_columns(runs)
-    if by_run:
+    if groups is None:
         rows = [run_row(run, columns, _by_run_label(run, runs)) for run in runs]
         notes: list[str] = []
     else:
-        groups, repeated = grouping.group_runs(reading, runs)
-        apart, differing = grouping.distinguishing(reading, groups)
-        rows = [group_row([reading[r].seed for r in group], group, columns, grouping.label(str(group[0].encoding), a), a)
-                for group, a in zip(groups, apart)]
-        notes = [line for line in [grouping.versions_note(task, runs), grouping.plugins_note(groups)] if line]
-        if differing:
-            notes.append(f"rows differ in {', '.join(differing)} (besides the encoding); every other setting "
-                         "is equal")
-        if repeated:
-            notes.append(f"{repeated} repeated run(s) of a seed left out (the newest is kept; --by-run lists all)")
+        rows = [group_row(seeds, members, columns, label, apart)
+                for members, seeds, label, apart in zip(groups.runs, groups.seeds, groups.labels, groups.apart)]
+        notes = list(groups.notes)
     notes += [line for line in [incomplete_note(runs, columns), improving_note(rows, primary),
                                 directions_note(runs, columns)] if line]
     if mark_best(rows, columns, hib):
         notes.append(RULE)
     sort_rows(rows, primary, hib)
-    table = TaskTable(task, primary, columns, hib, rows, runs, grouped=not by_run, notes=notes)
+    table = TaskTable(task, primary, columns, hib, rows, runs, grouped=groups is not None, notes=notes)
     if table.multi_seed:
         table.notes.insert(0, "± is the 95% Student-t interval over seeds (rows of 2 or more seeds) or the run's "
                               "standard error (rows of 1 seed)")

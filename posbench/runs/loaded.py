@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from posbench.runs.config import RunConfig, task_class, with_source
-from posbench.runs.record import RESULT_FILE, ResultError, RunRecord, load_record
-from posbench.runs.store import CHECKPOINT_DIR
+from posbench.runs.record import RESULT_FILE, ResultError, RunRecord
+from posbench.runs.store import CHECKPOINT_DIR, load_record
 
 WEIGHTS = "model.safetensors"
 

@@ -1,5 +1,6 @@
-"""The record of a finished run (``result.json``): typed, versioned, written by one function and read by every
-reader (``compare``, the figures, the HTML page, ``posbench.results.frame``).
+"""The record of a finished run (``result.json``): typed, versioned, written by one function (``write_record``) and
+typed by one (``parse_record``, from the file ``posbench.runs.store.load_record`` reads) for every reader
+(``compare``, the figures, the HTML page, ``posbench.results.frame``).
 
 ``result.json`` (``schema_version`` 2)::
 
@@ -42,7 +43,7 @@ from typing import Any
 from posbench import __version__
 from posbench.errors import UserError
 from posbench.evaluation.outcome import Grid, Metric
-from posbench.files import MAX_RESULT_BYTES, atomic_write_json, read_json
+from posbench.files import atomic_write_json
 from posbench.options import RECORDED_SECTIONS, SECTIONS
 from posbench.runs.code import CodeState, capture
 from posbench.runs.run_config import RunConfig
@@ -166,15 +167,10 @@ def write_record(run_dir: Path, record: RunRecord) -> Path:
 
 # ---- reading ---------------------------------------------------------------------------------------------
 
-def load_record(path: Path | str, *, with_settings: bool = False) -> RunRecord:
-    """Read and check one ``result.json`` (or a run directory holding one), of any readable schema version; one
-    of more than ``MAX_RESULT_BYTES`` is not read past them. ``with_settings``: a record without its ``config``
-    object (every posbench writes one) is refused, as ``compare`` cannot tell which runs it pools with."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / RESULT_FILE
-    data = read_json(path, missing="{path} does not exist", unreadable="{path}: not valid JSON ({reason})",
-                     error=ResultError, limit=MAX_RESULT_BYTES)
+def parse_record(data: Any, path: Path, *, with_settings: bool = False) -> RunRecord:
+    """Check and type the content of one ``result.json`` (``path``, named in the one-line errors), of any readable
+    schema version (``posbench.runs.store.load_record`` reads the file). ``with_settings``: a record without its
+    ``config`` object (every posbench writes one) is refused, as ``compare`` cannot tell which runs it pools with."""
     if not isinstance(data, dict):
         raise ResultError(f"{path}: not a JSON object")
     missing = [k for k in REQUIRED_KEYS if k not in data]
@@ -203,7 +199,7 @@ def load_record(path: Path | str, *, with_settings: bool = False) -> RunRecord:
             raise ResultError(f"{path}: config.{key} is {type(config[key]).__name__} {str(config[key])[:60]!r}, "
                               f"not an object of settings")
     try:
-        return _record(data, path.parent, version)
+        return _record(data, Path(path).parent, version)
     except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
         raise ResultError(f"{path}: not a posbench result ({type(exc).__name__}: {exc})") from None
 

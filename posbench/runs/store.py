@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from posbench.errors import os_error
-from posbench.files import atomic_write_json, check_name, inside, json_object, read_json, write_jsonl
+from posbench.files import MAX_RESULT_BYTES, atomic_write_json, check_name, inside, json_object, read_json, write_jsonl
 from posbench.runs.run_config import RunConfig
-from posbench.runs.record import RESULT_FILE, ResultError, RunRecord, load_record
+from posbench.runs.record import RESULT_FILE, ResultError, RunRecord, parse_record
 
 CONFIG_FILE, PREDICTIONS_FILE, CHECKPOINT_DIR, PHASES_DIR = "config.json", "predictions.jsonl", "checkpoint", "phases"
 LOCK_FILE = ".lock"
@@ -183,6 +183,18 @@ def write_phase(run_dir: Path, name: str, outcome: dict[str, Any]) -> None:
     atomic_write_json(phase_file(run_dir, name), outcome)
 
 
+def load_record(path: Path | str, *, with_settings: bool = False) -> RunRecord:
+    """Read one ``result.json`` (or a run directory holding one) into its record (``posbench.runs.record.
+    parse_record``: any readable schema version; ``with_settings`` as there); one of more than ``MAX_RESULT_BYTES``
+    is not read past them."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULT_FILE
+    data = read_json(path, missing="{path} does not exist", unreadable="{path}: not valid JSON ({reason})",
+                     error=ResultError, limit=MAX_RESULT_BYTES)
+    return parse_record(data, path, with_settings=with_settings)
+
+
 # ---- a tree of runs ---------------------------------------------------------------------------------------
 
 @dataclass
@@ -192,18 +204,17 @@ class Problem:
 
 
 def scan_runs(root: Path) -> tuple[list[RunRecord], list[Problem]]:
-    """Every readable run under ``root``, and the runs that are not (corrupt, half-written, unfinished)."""
+    """Every readable run under ``root``, and the runs that are not (corrupt, half-written, unfinished): the
+    result files outside checkpoints are found first, then read."""
     root = Path(root)
     if not root.exists():
         raise ResultError(f"results directory {root} does not exist")
     if not root.is_dir():
         raise ResultError(f"{root} is not a directory")
+    results = [result for result in sorted(root.rglob(RESULT_FILE)) if not in_checkpoint(result, root)]
+    unfinished = unfinished_runs(root, {result.parent for result in results})
     records, problems = [], []
-    seen: set[Path] = set()
-    for result in sorted(root.rglob(RESULT_FILE)):
-        if in_checkpoint(result, root):
-            continue
-        seen.add(result.parent)
+    for result in results:
         if not result.is_file():
             problems.append(Problem(result.parent, f"{RESULT_FILE} is not a regular file"))
             continue
@@ -212,6 +223,13 @@ def scan_runs(root: Path) -> tuple[list[RunRecord], list[Problem]]:
         except ResultError as exc:
             problems.append(Problem(result.parent, str(exc).replace(f"{result}: ", "")
                                     .replace(f"{result} ", f"{RESULT_FILE} ")))
+    return records, problems + unfinished
+
+
+def unfinished_runs(root: Path, finished: set[Path]) -> list[Problem]:
+    """The run directories under ``root`` without a result file (``finished``: those with one): half-written (a
+    temporary result file) or unfinished (a ``config.json``, outside checkpoints)."""
+    seen, problems = set(finished), []
     for stray in sorted(root.rglob(f".{RESULT_FILE}.*.tmp")):
         if stray.parent not in seen:
             seen.add(stray.parent)
@@ -221,7 +239,7 @@ def scan_runs(root: Path) -> tuple[list[RunRecord], list[Problem]]:
             seen.add(config.parent)
             problems.append(Problem(config.parent, "unfinished: no result.json (still running, killed or failed; "
                                                    "'posbench run --resume DIR' continues it)"))
-    return records, problems
+    return problems
 
 
 def in_checkpoint(path: Path, root: Path) -> bool:

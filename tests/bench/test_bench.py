@@ -15,7 +15,7 @@ from posbench.bench import measure, speed
 from posbench.model import ModelConfig, Transformer
 from posbench.runs import runner
 from posbench.runs.config import resolve_run_config
-from posbench.runs.record import load_record
+from posbench.runs.store import load_record
 
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 

@@ -152,7 +152,7 @@ def test_every_task_with_per_example_scores_declares_exactly_those_metrics():
     """``per_example`` says which metrics the task's ``example_scores`` rebuilds: on each committed run with
     predictions, the recorded metrics it rebuilds are those declared per example."""
     from posbench.files import plain_or_gzipped, read_jsonl
-    from posbench.runs.record import load_record
+    from posbench.runs.store import load_record
     from posbench.tasks import TASKS
 
     checked = set()

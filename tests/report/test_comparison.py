@@ -28,18 +28,19 @@ def test_each_compare_reads_the_tree_afresh(tmp_path):
 
 
 def test_a_reading_reads_each_init_record_once(tmp_path):
-    """compare's first step reads each --init record once: the runs started from one run share its record, and
-    the next reading reads it afresh."""
-    from posbench.report.reading import read
+    """compare reads each --init record once, with the runs' facts: the runs started from one run share its record,
+    and the next reading reads it afresh."""
+    from posbench.report.reading import facts_of
+    from posbench.runs.store import scan_runs
 
     base = make_run(tmp_path / "pre", "pretrain", "rope", 0, {"val_ppl": 5.0})
     make_run(tmp_path / "runs", "perplexity", "rope", 0, {"ppl_1x": 6.0}, init=str(base))
     make_run(tmp_path / "runs", "perplexity", "rope", 1, {"ppl_1x": 6.5}, init=str(base))
-    reading = read(tmp_path / "runs")
+    reading = facts_of(*scan_runs(tmp_path / "runs"))
     first, second = (reading[run].parent for run in reading.runs)
     assert first is not None and first.seed == 0 and second is first
     assert sorted(reading[run].seed for run in reading.runs) == ["0/0", "1/0"]
-    again = read(tmp_path / "runs")
+    again = facts_of(*scan_runs(tmp_path / "runs"))
     assert again[again.runs[0]].parent is not first
 
 

@@ -93,14 +93,14 @@ def test_predictions_that_inflate_past_the_bound_are_skipped_in_one_line(tmp_pat
 
 
 def test_a_result_json_past_the_bound_is_skipped_in_one_line(tmp_path, capsys, monkeypatch):
-    import posbench.runs.record as record
+    import posbench.runs.store as store
 
     dirs = paired_tree(tmp_path, seeds=1)
     huge = dirs["tape", 0] / "result.json"
     data = json.loads(huge.read_text())
     data["training"]["padding"] = "x" * 300_000
     huge.write_text(json.dumps(data))
-    monkeypatch.setattr(record, "MAX_RESULT_BYTES", 200_000)
+    monkeypatch.setattr(store, "MAX_RESULT_BYTES", 200_000)
     assert main(["compare", str(tmp_path), "--format", "markdown"]) == 0
     captured = capsys.readouterr()
     assert "| rope |" in captured.out and "| tape |" not in captured.out
@@ -271,7 +271,7 @@ def scrolls_run(root, seed, complete):
 
 def test_an_incomplete_scrolls_score_is_marked_in_the_run_line_and_in_compare(tmp_path, capsys):
     from posbench.cli.run import show_outcome
-    from posbench.runs.record import load_record
+    from posbench.runs.store import load_record
 
     incomplete = scrolls_run(tmp_path / "part", 0, complete=False)
     complete = scrolls_run(tmp_path / "whole", 0, complete=True)

@@ -10,8 +10,8 @@ import pytest
 from posbench.evaluation.outcome import Metric
 from posbench.files import atomic_save, atomic_write_json, read_jsonl, write_jsonl
 from posbench.runs import store
-from posbench.runs.record import SCHEMA_VERSION, ResultError, RunRecord, load_record
-from posbench.runs.store import new_run_dir, scan_runs
+from posbench.runs.record import SCHEMA_VERSION, ResultError, RunRecord
+from posbench.runs.store import load_record, new_run_dir, scan_runs
 
 V1_TREE = Path(__file__).parents[1] / "fixtures" / "results-v1"
 

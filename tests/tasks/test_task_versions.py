@@ -11,7 +11,7 @@ from pathlib import Path
 from posbench import report
 from posbench.cli import main
 from posbench.runs.config import RunConfig, resolve_run_config
-from posbench.runs.record import load_record
+from posbench.runs.store import load_record
 from posbench.tasks import TASKS
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference-runs" / "perplexity-3seeds"
