@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from transformers.models.llama.modeling_llama import ALL_ATTENTION_FUNCTIONS, eager_attention_forward
+from transformers.models.llama.modeling_llama import ALL_ATTENTION_FUNCTIONS, LlamaAttention, eager_attention_forward
 
 from posbench.encodings.rope import training_offset
 from posbench.encodings.tape import TAPELayer, rotate_by_state
@@ -110,15 +110,17 @@ def repeat_heads(x: Tensor, groups: int) -> Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
-class TapeAttention(nn.Module):
+class TapeAttention(LlamaAttention):
     """Llama attention with TAPE: the original projections, rotation by the per-head state, the state
-    aggregated with the values in the same attention call, and the attention-side update."""
+    aggregated with the values in the same attention call, and the attention-side update. A ``LlamaAttention``
+    to transformers, whose ``output_attentions=True`` collects the weights of that class's modules (a plain
+    module's were left out: an empty tuple); built from the original's projections, not by its constructor."""
 
     #: implementations that take values wider than the keys in one call; others get head_dim-wide chunks
     ONE_PASS = ("eager", "sdpa")
 
     def __init__(self, attention: nn.Module, state: TapeState):
-        super().__init__()
+        nn.Module.__init__(self)                # (LlamaAttention's would make new projections)
         self.config = attention.config
         self.layer_idx = attention.layer_idx
         self.head_dim = attention.head_dim
@@ -132,7 +134,7 @@ class TapeAttention(nn.Module):
         self._state = state
 
     def forward(self, hidden_states: Tensor, position_embeddings=None, attention_mask: Tensor | None = None,
-                **kwargs) -> tuple[Tensor, None]:
+                **kwargs) -> tuple[Tensor, Tensor | None]:
         cache = take_cache(kwargs)          # ``cache`` from transformers 5.24, ``past_key_values`` before
         b, n, _ = hidden_states.shape
         shape = (b, n, -1, self.head_dim)
@@ -146,23 +148,27 @@ class TapeAttention(nn.Module):
             v = torch.cat((v, state.to(v.dtype)), dim=-1)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
-        out = self._attend(q, k, v, attention_mask, **kwargs)           # [B, N, H, Dv]
+        out, weights = self._attend(q, k, v, attention_mask, **kwargs)  # [B, N, H, Dv]; the eager weights
         if not last:
             aggregated = out[..., self.head_dim:].transpose(1, 2)        # [B, H, N, D] (tied)
             gate = self._state.tape(self.layer_idx).head_gate().to(aggregated.dtype)
             self._state.mids[self.layer_idx] = state + gate[None, :, None, None] * aggregated
         y = out[..., :self.head_dim].reshape(b, n, -1).contiguous()
-        return self.o_proj(y), None
+        return self.o_proj(y), weights
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, attention_mask, **kwargs) -> Tensor:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, attention_mask, **kwargs) -> tuple[Tensor, Tensor | None]:
+        """The attention's output and its weights, as the implementation returns them (eager: ``[B, H, N, Nk]``,
+        what ``output_attentions=True`` hands back, as Llama's; sdpa: None); in head_dim chunks of the values
+        where the implementation takes no wider values (the weights, of the same q and k, are the first chunk's)."""
         implementation = self.config._attn_implementation
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         options = dict(dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs)
         if implementation in self.ONE_PASS:
-            return attend(self, q, k, v, attention_mask, **options)[0]
-        parts = [attend(self, q, k, part.contiguous(), attention_mask, **options)[0]
+            out, weights = attend(self, q, k, v, attention_mask, **options)[:2]
+            return out, weights
+        parts = [attend(self, q, k, part.contiguous(), attention_mask, **options)[:2]
                  for part in v.split(self.head_dim, dim=-1)]
-        return torch.cat(parts, dim=-1)
+        return torch.cat([out for out, _ in parts], dim=-1), parts[0][1]
 
 
 class TapeMLP(nn.Module):

@@ -108,7 +108,7 @@ class LocalExecutor:
         elif self.threads():
             each = f"{slot.threads} core(s) and thread(s) each"
         else:
-            each = "the free cores (train.threads=0)"
+            each = "train.threads as the cell's settings say (default 0: the free cores)"
         return f"local: {self.capacity} cell(s) at a time, {each}"
 
     def threads(self) -> int | None:

@@ -129,6 +129,7 @@ def test_every_extend_run_exports_to_plain_transformers_with_its_method(made, tm
     jobs += [(m, str(made[f"export:llama+{m}"]), "remote-code" if m == "tape" else "plain") for m in EXTENDED]
     loaded = load_elsewhere(jobs, x, tmp_path)
     for method in EXTENDED:
+        assert not isinstance(loaded[method], str), loaded[method]
         cls, got = loaded[method]
         expected = posbench_logits(made[f"extend:{method}"] / "checkpoint" / "model", x)
         assert cls == ("TapeLlamaForCausalLM" if method == "tape" else "LlamaForCausalLM")

@@ -102,6 +102,36 @@ def test_values_in_one_pass_equal_head_dim_chunks(monkeypatch):
     assert_close(logits(model, x), one_pass)
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_output_attentions_are_the_weights_that_mixed_the_values(kv_heads):
+    """``output_attentions=True`` returns, per layer, the causal softmax weights each head applied to its values:
+    rows summing to 1, nothing above the diagonal, and o_proj's input equal to those weights times v_proj's
+    values (each key/value head repeated for its query heads), derived here from the hooked projections. Before,
+    TAPE's attention returned no weights and transformers handed back an empty tuple; the logits do not change."""
+    model = llama(kv_heads=kv_heads)
+    convert_to_tape(model)
+    perturb_tape(model)                    # a non-zero state: the weights are TAPE's, not the original's
+    x = tokens()
+    seen = {"v": [], "o_in": []}
+    hooks = [h for layer in model.model.layers for h in (
+        layer.self_attn.v_proj.register_forward_hook(lambda m, args, out: seen["v"].append(out)),
+        layer.self_attn.o_proj.register_forward_pre_hook(lambda m, args: seen["o_in"].append(args[0])))]
+    with torch.no_grad():
+        out = model(input_ids=x, output_attentions=True)
+    for h in hooks:
+        h.remove()
+    heads, d = model.config.num_attention_heads, model.config.head_dim
+    b, n = x.shape
+    assert len(out.attentions) == len(model.model.layers)
+    for weights, v, o_in in zip(out.attentions, seen["v"], seen["o_in"]):
+        assert weights.shape == (b, heads, n, n)
+        assert torch.all(weights.triu(diagonal=1) == 0)
+        assert_close(weights.sum(-1), torch.ones(b, heads, n))
+        values = v.view(b, n, kv_heads, d).transpose(1, 2).repeat_interleave(heads // kv_heads, dim=1)
+        assert_close(o_in, (weights @ values).transpose(1, 2).reshape(b, n, heads * d))
+    assert_close(out.logits, logits(model, x), rel=0)
+
+
 # ---- against posbench's own TAPE -----------------------------------------------------------------------------
 def posbench_twin(model, encoding: str, scale: float = 1.0) -> Transformer:
     """A posbench Transformer holding the Llama's weights (q/k/v -> the fused qkv, o -> out, ...)."""
