@@ -82,7 +82,8 @@ def compare(
             raise ResultError(f"--html {html} is a directory" if html.is_dir() else
                               f"--html {html} already exists; pass --force to replace it, or choose another file")
         tolerance = parse_tolerance(tolerance)
-        result = rep.collect(directory, task, by_run=by_run, against=against, by_model=by_model, tolerance=tolerance)
+        result = (rep.collect_models(directory, task, tolerance=tolerance) if by_model else
+                  rep.collect(directory, task, by_run=by_run, against=against, tolerance=tolerance))
         if not result.tables:
             where = f" for task '{task}'" if task else ""
             skipped = f" ({len(result.problems)} unreadable, listed above)" if result.problems else ""

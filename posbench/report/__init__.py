@@ -11,7 +11,7 @@
 
 from posbench.report.formats import FORMATS, fmt_cell, fmt_value, header, render_text
 from posbench.report.structure import Cell, DifferenceRow, Report, Row, TaskTable
-from posbench.report.collect import collect
+from posbench.report.collect import collect, collect_models
 from posbench.report.tables import build_table
 
 
@@ -23,5 +23,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["FORMATS", "Cell", "DifferenceRow", "Report", "Row", "TaskTable", "build_table", "collect", "fmt_cell",
-           "fmt_value", "header", "plot", "render_text"]
+__all__ = ["FORMATS", "Cell", "DifferenceRow", "Report", "Row", "TaskTable", "build_table", "collect", "collect_models",
+           "fmt_cell", "fmt_value", "header", "plot", "render_text"]

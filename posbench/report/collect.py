@@ -1,8 +1,8 @@
 """``compare`` from records to tables, in a straight line, each step taking what the one before returned: read the
 records (``posbench.runs.store``) and each run's facts once (``reading``), group each task's runs into rows
 (``grouping``), pool the rows into the task's table (``tables``), test it against a baseline when asked (``paired``);
-``--by-model`` makes one table of models instead (``by_model``), and a benchmark run is its efficiency table
-(``bench``). Rendering is the caller's (``formats``, ``terminal``, ``html``)."""
+a benchmark run is its efficiency table (``bench``). ``collect_models`` (``--by-model``) reads the same way and makes
+one table of the models instead (``by_model``). Rendering is the caller's (``formats``, ``terminal``, ``html``)."""
 
 from __future__ import annotations
 
@@ -16,25 +16,20 @@ from posbench.report.structure import Report
 from posbench.report.by_model import models_table
 from posbench.report.grouping import group
 from posbench.report.paired import add_differences
-from posbench.report.reading import facts_of
+from posbench.report.reading import Reading, facts_of
 from posbench.report.tables import pooled_table, unusable_values
 from posbench.runs.record import ResultError, RunRecord
-from posbench.runs.store import scan_runs
+from posbench.runs.store import Problem, scan_runs
 
 
 def collect(root: Path | str, task: str | None = None, *, by_run: bool = False, against: str | None = None,
-            by_model: bool = False, comparison: Comparison | None = None,
-            tolerance: Tolerance = Tolerance()) -> Report:
+            comparison: Comparison | None = None, tolerance: Tolerance = Tolerance()) -> Report:
     """Read every run under ``root`` (optionally one task) into tables; unreadable runs go to ``problems``. One
     ``Comparison`` serves the whole compare's paired differences: each predictions file is read once, each run
     resampled once. Pass the same ``comparison`` to several collects of one tree (against several baselines: a
     study's tables) to share that work; the tables are those of a collect alone."""
-    runs, problems = scan_runs(Path(root))
-    runs = [with_effective_lengths(run, tolerance) for run in runs if task is None or run.task == task]
-    reading = facts_of(runs, problems)
+    runs, problems, reading = read(root, task, tolerance)
     comparison = Comparison() if comparison is None else comparison
-    if by_model:
-        return Report([models_table(reading, runs)] if runs else [], problems, unusable_values(runs))
     by_task: dict[str, list[RunRecord]] = {}
     for run in runs:
         if run.bench is None:
@@ -51,6 +46,21 @@ def collect(root: Path | str, task: str | None = None, *, by_run: bool = False, 
         tables += by_length_tables(table)
     tables += [bench_table(run) for run in runs if run.bench is not None]
     return Report(tables, problems, unusable_values(runs) + comparison.said)
+
+
+def collect_models(root: Path | str, task: str | None = None, *, tolerance: Tolerance = Tolerance()) -> Report:
+    """``--by-model``: every run under ``root`` (optionally one task) in one table of the models they evaluated
+    (``posbench.report.by_model``); unreadable runs go to ``problems``."""
+    runs, problems, reading = read(root, task, tolerance)
+    return Report([models_table(reading, runs)] if runs else [], problems, unusable_values(runs))
+
+
+def read(root: Path | str, task: str | None, tolerance: Tolerance) -> tuple[list[RunRecord], list[Problem], Reading]:
+    """compare's first step: the readable runs under ``root`` (of ``task`` only, when given), each with its
+    effective lengths; the unreadable ones; and every run's facts (``posbench.report.reading``)."""
+    runs, problems = scan_runs(Path(root))
+    runs = [with_effective_lengths(run, tolerance) for run in runs if task is None or run.task == task]
+    return runs, problems, facts_of(runs, problems)
 
 
 def check_baseline(report: Report, against: str, root: Path | str) -> None:

@@ -329,7 +329,7 @@ def test_by_model_puts_every_task_of_one_model_in_one_row(tmp_path, capsys):
         make_run(tmp_path, "perplexity", "x", 0, {"ppl_1x": ppl - 1, "ppl_8x": ppl}, init=str(base),
                  hib={"ppl_1x": False, "ppl_8x": False})
         make_run(tmp_path, "passkey", "x", 0, {"accuracy": acc}, init=str(base))
-    (table,) = report.collect(tmp_path, by_model=True).tables
+    (table,) = report.collect_models(tmp_path).tables
     assert [r.label for r in table.rows] == ["llama+lora", "rope"]
     assert {"passkey:accuracy", "perplexity:ppl_1x", "perplexity:ppl_8x", "pretrain:val_ppl",
             "extend:val_ppl"} == set(table.columns)
@@ -360,7 +360,7 @@ def test_by_model_gives_each_extension_of_a_base_model_its_own_row(tmp_path, cap
         init = extended.get(label, base)
         make_run(tmp_path, "perplexity", label, 0, {"ppl_8x": ppl}, init=str(init), hib={"ppl_8x": False},
                  extra={"init": {"run": str(init), "kind": "extended" if init != base else "hf", "label": label}})
-    (table,) = report.collect(tmp_path, by_model=True).tables
+    (table,) = report.collect_models(tmp_path).tables
     cells = {row.label: {c: row.cells[c].value for c in table.columns} for row in table.rows}
     assert table.columns == ["extend:val_ppl", "perplexity:ppl_8x"]
     assert cells == {"llama": {"extend:val_ppl": None, "perplexity:ppl_8x": 90.0},

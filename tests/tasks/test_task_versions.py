@@ -57,5 +57,5 @@ def test_compare_never_pools_two_versions_of_a_task(tmp_path, capsys):
     assert line in table.notes
     assert main(["compare", str(root)]) == 0
     assert line in " ".join(capsys.readouterr().out.split())
-    models = report.collect(root, by_model=True).tables[0]
+    models = report.collect_models(root).tables[0]
     assert line in models.notes
