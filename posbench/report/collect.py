@@ -14,10 +14,9 @@ from posbench.report.comparison import Comparison
 from posbench.report.effective_length import Tolerance, capped, effective_note, with_effective_lengths
 from posbench.report.structure import Report
 from posbench.report.by_model import models_table
-from posbench.report.grouping import group
 from posbench.report.paired import add_differences
 from posbench.report.reading import Reading, facts_of
-from posbench.report.tables import pooled_table, unusable_values
+from posbench.report.tables import build_table, unusable_values
 from posbench.runs.record import ResultError, RunRecord
 from posbench.runs.store import Problem, scan_runs
 
@@ -36,8 +35,7 @@ def collect(root: Path | str, task: str | None = None, *, by_run: bool = False, 
             by_task.setdefault(str(run.task), []).append(run)
     tables = []
     for name, items in sorted(by_task.items()):
-        groups = None if by_run else group(reading, name, items)
-        table = pooled_table(name, items, groups)
+        table = build_table(name, items, reading, by_run=by_run)
         if any("eff_len" in run.metrics for run in items):
             table.notes.append(effective_note(tolerance, capped(items)))
         if against is not None:

@@ -51,7 +51,7 @@ class _Reader:
         self.declared = declared
         self.done: dict[int, RunFacts] = {}
         self.parents: dict[str, RunRecord | None] = {}
-        self.earlier: dict[tuple, dict[str, dict[str, Any]]] = {}     # (encoding, task) -> its earlier values
+        self.earlier: dict[tuple, dict[str, Any]] = {}     # (encoding, task) -> its earlier values, flat
 
     def facts(self, run: RunRecord) -> RunFacts:
         if id(run) in self.done:
@@ -62,8 +62,8 @@ class _Reader:
                                         run.schema_version)
         key = (run.encoding, run.task)
         if key not in self.earlier:
-            self.earlier[key] = earlier_values(run.encoding, run.task)
-        found = run_facts(run, parent, above, flattened(counted), flattened(self.earlier[key]))
+            self.earlier[key] = flattened(earlier_values(run.encoding, run.task))
+        found = run_facts(run, parent, above, flattened(counted), self.earlier[key])
         self.done[id(run)] = found
         return found
 
