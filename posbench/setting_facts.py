@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from posbench import catalog, catalog_entry
@@ -67,13 +68,8 @@ def merged(declarers: Iterable[tuple[str, str, dict[str, Any]]]) -> SettingFacts
     return SettingFacts(frozenset(ignored), added)
 
 
-def declarers() -> list[tuple[str, str, dict[str, Any]]]:
-    """Every declarer's facts, ``(section, who, facts)``: the model's, training's, every encoding's, method's and
-    task's (built-in ones from the catalog, any other from its class) and the benchmark's."""
-    found = [("model", "ModelConfig", catalog.MODEL), ("train", "TrainConfig", catalog.TRAIN)]
-    for kind in ("encoding", "method", "task"):
-        found += [(SYNONYMS.get(kind, kind), name, facts) for name, facts in kind_facts(kind).items()]
-    return [*found, ("task", "Bench", catalog.BENCH)]
+#: the kinds of registered class that declare options (``posbench.registry``)
+CLASS_KINDS = ("encoding", "method", "task")
 
 
 def kind_facts(kind: str) -> dict[str, dict[str, Any]]:
@@ -85,30 +81,52 @@ def kind_facts(kind: str) -> dict[str, dict[str, Any]]:
     return {name: catalog_entry.facts(registry[name]) for name in registry}
 
 
+class Declarations:
+    """Every declaration's facts, read once (built-in ones from the catalog, any other from its class): ``kinds``,
+    every encoding's, method's and task's own (kind -> name -> facts); ``facts``, which settings count across them
+    all, with the model's, training's and the benchmark's (``SettingFacts``); and, per record, ``earlier`` and
+    ``settings``, what ``compare`` and ``--resume`` ask of them."""
+
+    def __init__(self) -> None:
+        self.kinds = {kind: kind_facts(kind) for kind in CLASS_KINDS}
+        self._earlier: dict[tuple, dict[str, dict[str, Any]]] = {}
+
+    @cached_property
+    def facts(self) -> SettingFacts:
+        found = [("model", "ModelConfig", catalog.MODEL), ("train", "TrainConfig", catalog.TRAIN)]
+        for kind in CLASS_KINDS:
+            found += [(SYNONYMS.get(kind, kind), name, facts) for name, facts in self.kinds[kind].items()]
+        return merged([*found, ("task", "Bench", catalog.BENCH)])
+
+    def earlier(self, encoding: str | None, task: str | None) -> dict[str, dict[str, Any]]:
+        """By section (``model``, ``train``, ``encoding``, ``task``): the settings added after runs were recorded
+        without them, each at the value those runs had (``Added.before``; T5's ``table_init``: x-transformers'
+        before issue 47, T5's own since), from the declarations of a record's own classes: its encoding's options
+        are its own (two encodings may declare one name, only one of them as added), and so are its task's. An
+        encoding or task no registry holds gives nothing for its section. Found once per encoding and task."""
+        key = (encoding, task)
+        if key not in self._earlier:
+            owners = {"model": catalog.MODEL, "train": catalog.TRAIN, "encoding": self.kinds["encoding"].get(encoding),
+                      "task": self.kinds["task"].get(task)}
+            self._earlier[key] = {section: {name: before for name, (_, before) in facts["added"].items()}
+                                  for section, facts in owners.items() if facts is not None}
+        return self._earlier[key]
+
+    def settings(self, sections: dict[str, dict[str, Any]], schema_version: int, encoding: str | None,
+                 task: str | None) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """A record's settings by section that set it apart (``SettingFacts.counted``), and its ``earlier``
+        values."""
+        return self.facts.counted(sections, schema_version), self.earlier(encoding, task)
+
+
 def declared_facts() -> SettingFacts:
-    """The facts of every declaration (built-in and plugin): read once per ``compare``."""
-    return merged(declarers())
+    """Which settings count, of every declaration (built-in and plugin): ``Declarations().facts``."""
+    return Declarations().facts
 
 
 def earlier_values(encoding: str | None, task: str | None) -> dict[str, dict[str, Any]]:
-    """By section (``model``, ``train``, ``encoding``, ``task``): the settings added after runs were recorded
-    without them, each at the value those runs had (``Added.before``; T5's ``table_init``: x-transformers' before
-    issue 47, T5's own since), from the declarations of a record's own classes: its encoding's options are its own
-    (two encodings may declare one name, only one of them as added), and so are its task's. An encoding or task no
-    registry holds gives nothing for its section."""
-    owners = {"model": catalog.MODEL, "train": catalog.TRAIN,
-              "encoding": one_facts("encoding", encoding), "task": one_facts("task", task)}
-    return {section: {key: before for key, (_, before) in facts["added"].items()}
-            for section, facts in owners.items() if facts is not None}
+    """A record's earlier values (``Declarations.earlier``), for one record (``--resume``)."""
+    return Declarations().earlier(encoding, task)
 
 
-def one_facts(kind: str, name: str | None) -> dict[str, Any] | None:
-    if name is None:
-        return None
-    if not beyond_catalog(kind):
-        return built_in(kind).get(name)
-    registry = registry_of(kind)
-    return catalog_entry.facts(registry[name]) if name in registry else None
-
-
-__all__ = ["SettingFacts", "declared_facts", "earlier_values", "facts_of_owners"]
+__all__ = ["Declarations", "SettingFacts", "declared_facts", "earlier_values", "facts_of_owners"]

@@ -16,7 +16,7 @@ from posbench.registry import UnknownNameError
 from posbench.cli.shared_options import Force, Format, Task
 from posbench.report.collect import check_baseline
 from posbench.report.effective_length import Tolerance, parse_tolerance, with_effective_lengths
-from posbench.report.tables import unusable_values
+from posbench.report.structure import unusable_values
 from posbench.report.terminal import render
 from posbench.runs.record import ResultError
 from posbench.runs.store import scan_runs

@@ -118,7 +118,7 @@ def models_table(reading: Reading, runs: list[RunRecord]) -> TaskTable:
         if len(fps) > 1:
             task_runs = [[r for r in evaluations if str(r.task) == task and reading[r].evaluation == fp][:1]
                          for fp in fps]
-            apart, _ = grouping.distinguishing(reading, task_runs)
+            apart, _ = grouping.distinguishing([(g[0], reading[g[0]]) for g in task_runs])
             for i, a in enumerate(apart):
                 shown = [f"{k}={grouping.show(v)}" for k, v in a.items()
                          if not k.startswith(("encoding.", "model.")) and k != "init"]

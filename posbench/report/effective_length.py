@@ -134,6 +134,15 @@ def with_effective_lengths(run: Any, tolerance: Tolerance = Tolerance()) -> Any:
     return dataclasses.replace(run, metrics={**run.metrics, **added}) if added else run
 
 
+def effective_notes(runs: list[Any], tolerance: Tolerance) -> dict[str, str]:
+    """task -> the line under its table on its eff_len columns (``effective_note``), for each task a run of which
+    has an eff_len (benchmark runs aside: they make no task's table)."""
+    runs = [run for run in runs if run.bench is None]
+    measured = sorted({str(run.task) for run in runs if "eff_len" in run.metrics})
+    return {task: effective_note(tolerance, capped([run for run in runs if str(run.task) == task]))
+            for task in measured}
+
+
 def capped(runs: list[Any]) -> bool:
     """Whether some run's effective length is its longest evaluated length (a lower bound, not a measurement)."""
     for run in runs:

@@ -21,75 +21,127 @@ The version of the task that made a run (``task_version``, 1 for records written
 a setting too, counted only when it is not 1 (so that the runs and fingerprints of version 1 stay as they
 were): runs of two versions of a task are never pooled, and ``versions_note`` says so in one line.
 
-compare's second step (``group``): it takes what the first one read (``posbench.report.reading``: each run's
-settings, seed and group key, computed there once) and returns a task's rows: the runs each pools, what sets each
-apart and the lines to say.
+compare's second step (``by_task``): it takes what the first one returned (``posbench.report.reading``: each run's
+settings, seed and group key, computed there once) and returns each task's rows: the runs each pools with their
+facts (which travel on with them: the later steps look nothing up again), what sets each apart and the lines to say.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from posbench.report.facts import PLUGINS
+from posbench.report.facts import PLUGINS, RunFacts
 from posbench.report.reading import Reading
 from posbench.runs.record import RunRecord
+
+#: a run as read: its record and its facts (``posbench.report.facts.RunFacts``), which travel together from here on
+RunRead = tuple[RunRecord, RunFacts]
+
+
+@dataclass
+class Members:
+    """One row's runs (one per seed, in the order of their seeds) and their facts, what the row says of its seed
+    (one run's, or the list of them), its label and the settings that set it apart."""
+
+    runs: list[RunRecord]
+    facts: list[RunFacts]
+    seed: Any
+    label: str
+    apart: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Groups:
-    """A task's runs in rows (``group``): each row's runs (one per seed, in the order of their seeds), their seeds
-    (``RunFacts.seed``), the row's label and the settings that set it apart, and the lines its table says of them."""
+    """A task's runs (``runs``, in the order read) in rows (``rows``: pooled by seed when ``grouped``, else one per
+    run, ``--by-run``) and the lines its table says of them."""
 
-    runs: list[list[RunRecord]]
-    seeds: list[list[Any]]
-    labels: list[str]
-    apart: list[dict[str, Any]]
+    task: str
+    runs: list[RunRecord]
+    rows: list[Members]
     notes: list[str]
+    grouped: bool = True
 
 
-def group(reading: Reading, task: str, runs: list[RunRecord]) -> Groups:
+def by_task(reading: Reading, *, by_run: bool = False) -> list[Groups]:
+    """The runs ``reading`` read, except the benchmark runs (each a table of its own: ``posbench.report.bench``), by
+    task in the order of the tasks' names, each task's in rows (``group``; one per run when ``by_run``:
+    ``one_per_run``). Each run's facts are looked up here, once, and go on with it."""
+    read = [(run, reading[run]) for run in reading.runs if run.bench is None]
+    found: list[Groups] = []
+    for task in sorted({str(run.task) for run, _ in read}):
+        of_task = [(run, facts) for run, facts in read if str(run.task) == task]
+        found.append(one_per_run(task, of_task) if by_run else group(task, of_task))
+    return found
+
+
+def group(task: str, read: list[RunRead]) -> Groups:
     """The rows of ``task``'s table: its runs in groups of equal settings (the module docstring)."""
-    groups, repeated = group_runs(reading, runs)
-    apart, differing = distinguishing(reading, groups)
-    notes = [line for line in [versions_note(task, runs), plugins_note(groups)] if line]
+    groups, repeated = group_runs(read)
+    firsts = [members[0] for members in groups]
+    apart, differing = distinguishing(firsts)
+    runs = [run for run, _ in read]
+    notes = [line for line in [versions_note(task, runs), plugins_note([run for run, _ in firsts])] if line]
     if differing:
         notes.append(f"rows differ in {', '.join(differing)} (besides the encoding); every other setting is equal")
     if repeated:
         notes.append(f"{repeated} repeated run(s) of a seed left out (the newest is kept; --by-run lists all)")
-    return Groups(groups, [[reading[r].seed for r in g] for g in groups],
-                  [label(str(g[0].encoding), a) for g, a in zip(groups, apart)], apart, notes)
+    return Groups(task, runs, [pooled(members, settings) for members, settings in zip(groups, apart)], notes)
+
+
+def pooled(members: list[RunRead], apart: dict[str, Any]) -> Members:
+    """The row of ``members``, runs of equal settings (one per seed), set apart by ``apart``: its seed is the list
+    of theirs (``RunFacts.seed``), one run's its own."""
+    runs, facts = [run for run, _ in members], [found for _, found in members]
+    seeds = [found.seed for found in facts]
+    return Members(runs, facts, seeds[0] if len(runs) == 1 else seeds, label(str(runs[0].encoding), apart), apart)
+
+
+def one_per_run(task: str, read: list[RunRead]) -> Groups:
+    """``--by-run``: a row per run of ``task``, in the order read, labelled with its encoding (and its seed and run
+    id where the encoding has several runs), its seed the recorded one."""
+    runs = [run for run, _ in read]
+    rows = [Members([run], [facts], run.config.seed, by_run_label(run, runs)) for run, facts in read]
+    return Groups(task, runs, rows, [], grouped=False)
+
+
+def by_run_label(run: RunRecord, runs: list[RunRecord]) -> str:
+    encoding = str(run.encoding)
+    if sum(1 for r in runs if str(r.encoding) == encoding) > 1:
+        return f"{encoding} (seed {run.seed}, {run.run_id})"
+    return encoding
 
 
 def newest_first(run: RunRecord) -> tuple:
     return (str(run.finished or ""), str(run.run_id or ""))
 
 
-def group_runs(reading: Reading, runs: list[RunRecord]) -> tuple[list[list[RunRecord]], int]:
+def group_runs(read: list[RunRead]) -> tuple[list[list[RunRead]], int]:
     """Runs in groups of equal settings (first-seen order), one run per seed (the newest of repeated ones);
     also returns how many repeated runs were left out."""
-    groups: dict[str, list[RunRecord]] = {}
-    for run in runs:
-        groups.setdefault(reading[run].group, []).append(run)
+    groups: dict[str, list[RunRead]] = {}
+    for run, facts in read:
+        groups.setdefault(facts.group, []).append((run, facts))
     out, repeated = [], 0
     for members in groups.values():
-        by_seed: dict[str, RunRecord] = {}
-        for run in sorted(members, key=newest_first, reverse=True):
-            by_seed.setdefault(json.dumps(reading[run].seed, default=str), run)
+        by_seed: dict[str, RunRead] = {}
+        for run, facts in sorted(members, key=lambda pair: newest_first(pair[0]), reverse=True):
+            by_seed.setdefault(json.dumps(facts.seed, default=str), (run, facts))
         repeated += len(members) - len(by_seed)
-        out.append(sorted(by_seed.values(), key=lambda r: str(reading[r].seed)))
+        out.append(sorted(by_seed.values(), key=lambda pair: str(pair[1].seed)))
     return out, repeated
 
 
-def distinguishing(reading: Reading, groups: list[list[RunRecord]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """For each group, the settings that set it apart from the other groups of the table, and the names of
-    all settings that differ between groups. Encoding options count only between groups of one encoding."""
+def distinguishing(firsts: list[RunRead]) -> tuple[list[dict[str, Any]], list[str]]:
+    """For each group (its first run and that run's facts), the settings that set it apart from the other groups of
+    the table, and the names of all settings that differ between groups. Encoding options count only between
+    groups of one encoding."""
     # version 1 is implied where unrecorded, and a setting added later holds the value earlier runs had where it
     # is not counted (a record without it, or with that value): say that value rather than "-"
-    shared = [reading[g[0]].shown_shared for g in groups]
-    own = [reading[g[0]].shown_own for g in groups]
-    encodings = [str(g[0].encoding) for g in groups]
+    shared = [facts.shown_shared for _, facts in firsts]
+    own = [facts.shown_own for _, facts in firsts]
+    encodings = [str(run.encoding) for run, _ in firsts]
     varying = differing_keys(shared)
     apart = []
     for i, encoding in enumerate(encodings):
@@ -116,11 +168,11 @@ def versions_note(task: str, runs: list[RunRecord]) -> str | None:
     return f"task '{task}' has runs of {which}: runs of different versions are never pooled"
 
 
-def plugins_note(groups: list[list[RunRecord]]) -> str | None:
-    """One line when rows of one encoding are apart because their runs ran different plugin code."""
+def plugins_note(firsts: list[RunRecord]) -> str | None:
+    """One line when rows of one encoding (``firsts``: each row's first run) are apart because their runs ran
+    different plugin code."""
     code: dict[str, set[str]] = {}
-    for group in groups:
-        run = group[0]
+    for run in firsts:
         code.setdefault(str(run.encoding), set()).add(json.dumps(sorted(
             [str(p.get("module")), str(p.get("sha256"))] for p in run.plugins)))
     split = sorted(encoding for encoding, kinds in code.items() if len(kinds) > 1)

@@ -17,7 +17,6 @@ from functools import partial
 from typing import Any
 
 from posbench.report.comparison import Comparison
-from posbench.report.reading import Reading
 from posbench.report.structure import DifferenceRow, Row, TaskTable, num
 from posbench.runs.record import RunRecord
 from posbench.stats import ExampleScores, StratifiedBootstrap, paired_difference
@@ -68,17 +67,17 @@ def value_of(run: RunRecord, metric: str) -> float | None:
     return num(found.value) if found is not None else None
 
 
-def reference_for(reading: Reading, row: Row, refs: list[Row]) -> Row | None:
-    """The reference row with the same settings as ``row``, encoding aside (``RunFacts.shared``)."""
+def reference_for(row: Row, refs: list[Row]) -> Row | None:
+    """The reference row with the same settings as ``row``, encoding aside (its first run's ``RunFacts.shared``)."""
     if not row.runs:
         return None
-    core = reading[row.runs[0]].shared
-    return next((ref for ref in refs if ref.runs and reading[ref.runs[0]].shared == core), None)
+    core = row.facts[0].shared
+    return next((ref for ref in refs if ref.runs and ref.facts[0].shared == core), None)
 
 
-def add_differences(comparison: Comparison, reading: Reading, table: TaskTable, reference: str) -> None:
-    """``table``'s paired differences to the rows of ``reference`` (the module docstring); ``reading``: its runs'
-    facts, ``comparison``: the resampling work, shared between baselines."""
+def add_differences(comparison: Comparison, table: TaskTable, reference: str) -> None:
+    """``table``'s paired differences to the rows of ``reference`` (the module docstring), seeds paired by their
+    runs' facts (``Row.facts``); ``comparison``: the resampling work, shared between baselines."""
     table.against = reference
     refs = [r for r in table.rows if r.encoding == reference]
     if not refs:
@@ -88,12 +87,12 @@ def add_differences(comparison: Comparison, reading: Reading, table: TaskTable, 
     for row in table.rows:
         if row.encoding == reference:
             continue
-        ref = reference_for(reading, row, refs)
+        ref = reference_for(row, refs)
         if ref is None:
             table.notes.append(f"--against {reference}: no {reference} row with the settings of {row.label}")
             continue
-        a_by_seed = {str(reading[r].seed): r for r in ref.runs}
-        b_by_seed = {str(reading[r].seed): r for r in row.runs}
+        a_by_seed = {str(facts.seed): r for r, facts in zip(ref.runs, ref.facts)}
+        b_by_seed = {str(facts.seed): r for r, facts in zip(row.runs, row.facts)}
         common = sorted(set(a_by_seed) & set(b_by_seed))
         if not common:
             table.notes.append(f"--against {reference}: {row.label} shares no seed with {ref.label}")

@@ -1,15 +1,14 @@
 """``compare``'s facts of every run it read (``Reading``), each computed once (``posbench.report.facts``): from the
 run's record, the record of the run it started from (``--init``: each read once), what the declarations say of
-its settings (``posbench.setting_facts``: which count, and the earlier values of those added later, read once per
-encoding and task). The steps after this one (grouping, the tables, the paired differences) read these facts and
-never the records' settings again.
+its settings (``posbench.setting_facts.Declarations``, read once: which count, and the earlier values of those added
+later, in one call per run). The steps after this one read these facts and never the records' settings again:
+grouping takes each run's with it, and its rows hand them on to the tables and the paired differences.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from posbench.cells import flattened
 from posbench.errors import UserError
@@ -17,7 +16,7 @@ from posbench.options import SECTIONS
 from posbench.report.facts import RunFacts, run_facts
 from posbench.runs.record import RESULT_FILE, RunRecord
 from posbench.runs.store import Problem, load_record
-from posbench.setting_facts import SettingFacts, declared_facts, earlier_values
+from posbench.setting_facts import Declarations
 
 
 @dataclass
@@ -35,7 +34,7 @@ class Reading:
 
 def facts_of(runs: list[RunRecord], problems: list[Problem] = ()) -> Reading:
     """``runs`` (``posbench.runs.store.scan_runs``) with their facts (and their ``--init`` runs')."""
-    reader = _Reader(declared_facts())
+    reader = _Reader(Declarations())
     reading = Reading(list(runs), list(problems))
     for run in runs:
         reader.facts(run)
@@ -47,23 +46,19 @@ class _Reader:
     """Reads each run's facts once, and each ``--init`` record once (its facts too: a row's seed and settings
     hold its ``--init`` run's)."""
 
-    def __init__(self, declared: SettingFacts):
+    def __init__(self, declared: Declarations):
         self.declared = declared
         self.done: dict[int, RunFacts] = {}
         self.parents: dict[str, RunRecord | None] = {}
-        self.earlier: dict[tuple, dict[str, Any]] = {}     # (encoding, task) -> its earlier values, flat
 
     def facts(self, run: RunRecord) -> RunFacts:
         if id(run) in self.done:
             return self.done[id(run)]
         parent = self.parent(run)
         above = self.facts(parent) if parent is not None else None
-        counted = self.declared.counted({section: run.config.section(section) for section in SECTIONS},
-                                        run.schema_version)
-        key = (run.encoding, run.task)
-        if key not in self.earlier:
-            self.earlier[key] = flattened(earlier_values(run.encoding, run.task))
-        found = run_facts(run, parent, above, flattened(counted), self.earlier[key])
+        counted, earlier = self.declared.settings({section: run.config.section(section) for section in SECTIONS},
+                                                  run.schema_version, run.encoding, run.task)
+        found = run_facts(run, parent, above, flattened(counted), flattened(earlier))
         self.done[id(run)] = found
         return found
 

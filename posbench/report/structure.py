@@ -1,4 +1,5 @@
-"""What ``compare`` builds before rendering: tables of rows of cells, the paired differences, and the report."""
+"""What ``compare`` builds before rendering: tables of rows of cells, the paired differences, and the report; and
+which recorded values it can use (``num``, ``grid_values``; ``unusable_values``: the lines on those it cannot)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class Row:
     train_s: float | None = None
     runs: list[Any] = field(default_factory=list)            # RunRecords
     settings: dict[str, Any] = field(default_factory=dict)    # the settings that set this row apart
+    facts: list[Any] = field(default_factory=list)            # a task's row: its runs' RunFacts, one per run
 
     @property
     def seeds(self) -> int:
@@ -133,6 +135,40 @@ def unusable_grid_values(grid: dict[str, Any]) -> tuple[int, Any]:
 
     walk(grid.get("values"))
     return len(bad), (bad[0] if bad else None)
+
+
+def number(value) -> bool:
+    """A metric's value compare can show: a number (an infinity too), not a bool, not NaN."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def unusable_values(runs: list[Any]) -> list[str]:
+    """One line per recorded value of ``runs`` (RunRecords) that compare cannot use and leaves out: a metric's value
+    or standard error that is not a number (a string, a bool, NaN, a list...), a grid that is not an array
+    (``grid_values``) or holds values that are not numbers (``unusable_grid_values``). ``null`` is "no value",
+    recorded as such."""
+    lines = []
+    for run in runs:
+        if run.bench is not None:
+            continue
+        for name, metric in run.metrics.items():
+            for what, value in (("value", metric.value), ("stderr", metric.stderr)):
+                if value is not None and not number(value):
+                    shown = "NaN" if isinstance(value, float) else repr(value)[:80]
+                    left_out = "left out of its row" if what == "value" else "its ± left out"
+                    lines.append(f"{run.path}: metric '{name}' has the {what} {shown}, not a number; {left_out}")
+        for name, grid in run.grids.items():
+            data = grid.to_dict() if hasattr(grid, "to_dict") else grid
+            if not isinstance(data, dict):
+                continue
+            if grid_values(data) is None:
+                lines.append(f"{run.path}: grid '{name}' does not hold one dimension per axis; left out")
+                continue
+            count, first = unusable_grid_values(data)
+            if count:
+                lines.append(f"{run.path}: grid '{name}' has {count} value(s) that are not numbers (first: "
+                             f"{repr(first)[:80] if first == first else 'NaN'}); left out, as missing")
+    return lines
 
 
 def num(x: Any) -> float | None:

@@ -4,40 +4,36 @@ interval over seeds), or one row per run (``--by-run``)."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from posbench.evaluation.metrics import METRICS
-from posbench.report import grouping
 from posbench.report.best import RULE, mark_best
-from posbench.report.grouping import Groups
+from posbench.report.grouping import Groups, Members, group, one_per_run
 from posbench.report.plateau import still_improving
 from posbench.report.reading import Reading
-from posbench.report.structure import Cell, Row, TaskTable, grid_values, num, unusable_grid_values
+from posbench.report.structure import Cell, Row, TaskTable, num
 from posbench.runs.record import RunRecord
 
 
 def build_table(task: str, runs: list[RunRecord], reading: Reading, *, by_run: bool = False) -> TaskTable:
-    """A task's table: its runs in rows (``posbench.report.grouping.group``; one per run when ``by_run``), pooled
-    (``pooled_table``). ``reading``: the runs' facts (``posbench.report.reading``)."""
-    return pooled_table(task, runs, None if by_run else grouping.group(reading, task, runs))
+    """One task's table from its runs, their facts in ``reading`` (``posbench.report.reading``): in rows
+    (``posbench.report.grouping.group``; one per run when ``by_run``) and pooled (``pooled_table``). ``collect``
+    takes the same two steps for every task of a tree."""
+    read = [(run, reading[run]) for run in runs]
+    return pooled_table(one_per_run(task, read) if by_run else group(task, read))
 
 
-def pooled_table(task: str, runs: list[RunRecord], groups: Groups | None) -> TaskTable:
-    """The table of ``runs``: each row of ``groups`` pooled, or one row per run when ``groups`` is None."""
+def pooled_table(groups: Groups) -> TaskTable:
+    """The table of a task's runs: each row of ``groups`` (``posbench.report.grouping.by_task``) pooled."""
+    runs = groups.runs
     columns, hib, primary = metric_columns(runs)
-    if groups is None:
-        rows = [run_row(run, columns, _by_run_label(run, runs)) for run in runs]
-        notes: list[str] = []
-    else:
-        rows = [group_row(seeds, members, columns, label, apart)
-                for members, seeds, label, apart in zip(groups.runs, groups.seeds, groups.labels, groups.apart)]
-        notes = list(groups.notes)
+    rows = [row_of(members, columns) for members in groups.rows]
+    notes = list(groups.notes)
     notes += [line for line in [incomplete_note(runs, columns), improving_note(rows, primary),
                                 directions_note(runs, columns)] if line]
     if mark_best(rows, columns, hib):
         notes.append(RULE)
     sort_rows(rows, primary, hib)
-    table = TaskTable(task, primary, columns, hib, rows, runs, grouped=groups is not None, notes=notes)
+    table = TaskTable(groups.task, primary, columns, hib, rows, runs, grouped=groups.grouped, notes=notes)
     if table.multi_seed:
         table.notes.insert(0, "± is the 95% Student-t interval over seeds (rows of 2 or more seeds) or the run's "
                               "standard error (rows of 1 seed)")
@@ -92,45 +88,6 @@ def directions_note(runs: list[RunRecord], columns: list[str]) -> str | None:
 
 def run_id(run: RunRecord) -> str:
     return str(run.run_id)
-
-
-def _by_run_label(run: RunRecord, runs: list[RunRecord]) -> str:
-    enc = str(run.encoding)
-    if sum(1 for r in runs if str(r.encoding) == enc) > 1:
-        return f"{enc} (seed {run.seed}, {run_id(run)})"
-    return enc
-
-
-def number(value) -> bool:
-    """A metric's value compare can show: a number (an infinity too), not a bool, not NaN."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-
-
-def unusable_values(runs: list[RunRecord]) -> list[str]:
-    """One line per recorded value that compare cannot use and leaves out: a metric's value or standard error
-    that is not a number (a string, a bool, NaN, a list...). ``null`` is "no value", recorded as such."""
-    lines = []
-    for run in runs:
-        if run.bench is not None:
-            continue
-        for name, metric in run.metrics.items():
-            for what, value in (("value", metric.value), ("stderr", metric.stderr)):
-                if value is not None and not number(value):
-                    shown = "NaN" if isinstance(value, float) else repr(value)[:80]
-                    left_out = "left out of its row" if what == "value" else "its ± left out"
-                    lines.append(f"{run.path}: metric '{name}' has the {what} {shown}, not a number; {left_out}")
-        for name, grid in run.grids.items():
-            data = grid.to_dict() if hasattr(grid, "to_dict") else grid
-            if not isinstance(data, dict):
-                continue
-            if grid_values(data) is None:
-                lines.append(f"{run.path}: grid '{name}' does not hold one dimension per axis; left out")
-                continue
-            count, first = unusable_grid_values(data)
-            if count:
-                lines.append(f"{run.path}: grid '{name}' has {count} value(s) that are not numbers (first: "
-                             f"{repr(first)[:80] if first == first else 'NaN'}); left out, as missing")
-    return lines
 
 
 def incomplete(run: RunRecord, name: str) -> bool:
@@ -208,18 +165,12 @@ def _train_s(runs: list[RunRecord]) -> float | None:
     return sum(times) / len(times) if times else None
 
 
-def run_row(run: RunRecord, columns: list[str], label: str) -> Row:
-    return Row(label, str(run.encoding), run_id(run), str(run.path), run.config.seed,
-               {c: metric_cell([run], c) for c in columns}, _train_s([run]), [run])
-
-
-def group_row(seeds: list[Any], group: list[RunRecord], columns: list[str], label: str,
-              apart: dict[str, Any]) -> Row:
-    """The row of ``group``, whose runs have the seeds ``seeds`` (``RunFacts.seed``: with their --init runs')."""
-    first = group[0]
-    return Row(label, str(first.encoding), ", ".join(run_id(r) for r in group), str(first.path),
-               seeds[0] if len(group) == 1 else seeds, {c: metric_cell(group, c) for c in columns},
-               _train_s(group), list(group), apart)
+def row_of(members: Members, columns: list[str]) -> Row:
+    """The row of ``members``' runs, with their facts (what ``--against`` reads of them)."""
+    runs, first = members.runs, members.runs[0]
+    return Row(members.label, str(first.encoding), ", ".join(run_id(r) for r in runs), str(first.path),
+               members.seed, {c: metric_cell(runs, c) for c in columns}, _train_s(runs), list(runs), members.apart,
+               list(members.facts))
 
 
 def sort_rows(rows: list[Row], primary: str | None, hib: dict[str, bool | None]) -> None:
