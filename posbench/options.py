@@ -253,25 +253,24 @@ def parse(where: str, value: Any, default: Any, limit: Limit | None = None) -> A
     return value
 
 
-def resolve(owner: str, defaults: dict[str, Any], given: dict[str, Any], limits: dict[str, Limit] | None = None,
-            *, label: str | None = None) -> dict[str, Any]:
-    """``given`` over ``defaults``, every value parsed, the defaults range-checked too. ``owner`` names the set in
-    the unknown-key error; ``label`` prefixes each key in value errors (default: ``owner`` + `` option ``)."""
-    unknown = sorted(set(given) - set(defaults))
+def resolve(owner: str, options: dict[str, Option], given: dict[str, Any], *, label: str | None = None
+            ) -> dict[str, Any]:
+    """``given`` over the declared defaults, every value typed and range-checked, the defaults too. ``owner`` names
+    the set in the unknown-key error; ``label`` prefixes each key in value errors (default: ``owner`` + `` option ``)."""
+    unknown = sorted(set(given) - set(options))
     if unknown:
-        raise OptionError(f"{owner} has no option {', '.join(unknown)}{did_you_mean(unknown[0], defaults)}; "
-                          f"valid options: {', '.join(sorted(defaults)) or 'none'}")
+        raise OptionError(f"{owner} has no option {', '.join(unknown)}{did_you_mean(unknown[0], options)}; "
+                          f"valid options: {', '.join(sorted(options)) or 'none'}")
     prefix = f"{owner} option " if label is None else label
-    limits = limits or {}
-    resolved = dict(defaults)
+    resolved = {key: option.default for key, option in options.items()}
     for key, value in given.items():
-        resolved[key] = parse(f"{prefix}{key}", value, defaults[key], limits.get(key))
-    for key, limit in limits.items():
+        resolved[key] = parse(f"{prefix}{key}", value, options[key].default, options[key].limit)
+    for key, option in options.items():
         if key in given:
             continue
-        if isinstance(limit, Switch):
-            resolved[key] = limit.parse(f"{prefix}{key}", resolved[key])
-        check(f"{prefix}{key}", resolved[key], limit)
+        if isinstance(option.limit, Switch):
+            resolved[key] = option.limit.parse(f"{prefix}{key}", resolved[key])
+        check(f"{prefix}{key}", resolved[key], option.limit)
     return resolved
 
 
@@ -348,9 +347,7 @@ def declared(owner: Any) -> dict[str, Option]:
 def check_fields(instance: Any, section: str) -> None:
     """Type and range-check a dataclass's ``option`` fields in place (errors name ``section.key``)."""
     options = declared(type(instance))
-    values = resolve(section, {k: o.default for k, o in options.items()},
-                     {k: getattr(instance, k) for k in options}, {k: o.limit for k, o in options.items() if o.limit},
-                     label=f"{section}.")
+    values = resolve(section, options, {key: getattr(instance, key) for key in options}, label=f"{section}.")
     for key, value in values.items():
         setattr(instance, key, value)
 
@@ -379,8 +376,7 @@ class Configurable:
     @classmethod
     def resolve(cls, given: dict[str, Any]) -> dict[str, Any]:
         """``given`` over the defaults, typed and range-checked, then ``check_options``."""
-        limits = {key: o.limit for key, o in cls.OPTIONS.items() if o.limit is not None}
-        resolved = resolve(f"{cls.kind} '{cls.name}'", cls.defaults(), given, limits, label=cls.option_label)
+        resolved = resolve(f"{cls.kind} '{cls.name}'", cls.OPTIONS, given, label=cls.option_label)
         cls.check_options(resolved)
         return resolved
 

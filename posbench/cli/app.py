@@ -17,24 +17,24 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 import posbench
-from posbench.cli import registry_help
+from posbench.cli import setting_flags
 from posbench.cli.common import err, out, print_error, user_errors
-from posbench.cli.registry_help import meant
+from posbench.cli.suggestions import meant
 from posbench.registry import add_plugins, plugin_names
 from posbench.runs.code import capture
 
 #: every command, in the order ``posbench --help`` lists them: name -> (its module in ``posbench/cli/``, the name of
-#: its epilog there, the name of its command class in ``registry_help`` or None). A command's module is imported
+#: its epilog there, the name of its command class in ``setting_flags`` or None). A command's module is imported
 #: only when the command runs or shows its own help (``LazyCommands``): ``posbench --help`` imports none of them
 COMMANDS = {
-    "run": ("run", "RUN_EPILOG", "RunHelp"),
+    "run": ("run", "RUN_EPILOG", "RunCommand"),
     "ls": ("ls", "LS_EPILOG", None),
-    "extend": ("extend", "EXTEND_EPILOG", "ExtendHelp"),
+    "extend": ("extend", "EXTEND_EPILOG", "ExtendCommand"),
     "compare": ("compare", "COMPARE_EPILOG", None),
     "score": ("score", "SCORE_EPILOG", None),
-    "bench": ("bench", "BENCH_EPILOG", "BenchHelp"),
+    "bench": ("bench", "BENCH_EPILOG", "BenchCommand"),
     "export": ("export", "EXPORT_EPILOG", None),
-    "sweep": ("sweep", "SWEEP_EPILOG", "SweepHelp"),
+    "sweep": ("sweep", "SWEEP_EPILOG", "SweepCommand"),
     "check": ("check", "CHECK_EPILOG", None),
     "analyze": ("analyze", "ANALYZE_EPILOG", None),
 }
@@ -132,7 +132,7 @@ def built(name: str):
     module = importlib.import_module(f"posbench.cli.{module_name}")
     fn = getattr(module, name)
     one = typer.Typer(add_completion=False, rich_markup_mode="rich", pretty_exceptions_enable=False)
-    kwargs = {"cls": getattr(registry_help, help_class)} if help_class else {}
+    kwargs = {"cls": getattr(setting_flags, help_class)} if help_class else {}
     one.command(name, epilog=getattr(module, epilog), short_help=summary(fn), **kwargs)(fn)
     return typer.main.get_command(one)
 
@@ -166,7 +166,7 @@ def _click_exceptions():
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: click usage errors also become one line and exit code 2; an unknown option's line
-    names the options of the command line being read it may have meant (``registry_help.meant``)."""
+    names the options of the command line being read it may have meant (``suggestions.meant``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     usage, exits, aborts = _click_exceptions()
     try:

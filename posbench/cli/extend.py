@@ -35,7 +35,7 @@ EXTEND_EPILOG = """[bold]Examples[/bold]
 def extend(
     ctx: typer.Context,
     model: Init = None,
-    # the help of --method and --preset lists what is registered (posbench.cli.registry_help.ExtendHelp)
+    # the help of --method and --preset lists what is registered (posbench.cli.setting_flags.ExtendCommand)
     method: Optional[str] = typer.Option(None, "--method", help="The extension method."),
     preset: Preset = None,
     seed: Seed = None,

@@ -11,7 +11,6 @@ from posbench.tasks.presets import presets_of
 
 
 def listing(names: list[str], last: str = "or") -> str:
-    names = list(names)
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 

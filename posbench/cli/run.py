@@ -38,7 +38,7 @@ RUN_EPILOG = """[bold]Examples[/bold]
 
 def run(
     ctx: typer.Context,
-    # the help of --encoding, --task and --preset lists what is registered (posbench.cli.registry_help.RunHelp)
+    # the help of --encoding, --task and --preset lists what is registered (posbench.cli.setting_flags.RunCommand)
     encoding: Encoding = None,
     task: Task = None,
     preset: Preset = None,

@@ -16,11 +16,12 @@ import re
 from collections.abc import Iterable
 from typing import Any, ClassVar, NamedTuple, Optional
 
-import click
 import typer
 from typer.core import TyperCommand
 from typer.models import OptionInfo
 
+from posbench.cli.common import split_names
+from posbench.cli.registry_help import RegistryHelp
 from posbench.errors import UserError
 from posbench.options import ONE_ENCODING, Fractions, Setting, Switch, declared, typed
 from posbench.sweep.slurm import SlurmOptions
@@ -50,30 +51,28 @@ def declarations(task_name: str | None, encodings: Iterable[str] = ()) -> dict[s
     meanings: dict[str, list[tuple[str, str, Any]]] = {}         # flag -> (section, key, option), each meaning
     for section in FLAG_ORDER:
         for key, option in owners[section].items():
-            flag = flag_name(key, option)
+            flag = option.flag or key.replace("_", "-")
             if not option.from_task and flag not in meanings:              # the task's own first
                 meanings[flag] = [(section, key, option)]
     registry = task.model_source.encodings() if task is not None and encodings else {}
     chosen = {name: {key: option for key, option in declared(registry[name]).items() if not option.from_task}
               for name in encodings if registry.get(name) is not None}      # what the task gives: no flag
-    plain: dict[str, list[tuple[str, str, Any]]] = {}           # --KEY -> (encoding, key, option), each
     for name, options in chosen.items():
         for key, option in options.items():
             meanings.setdefault(f"{name}-{key}".replace("_", "-"), []).append((ONE_ENCODING + name, key, option))
-            plain.setdefault(key.replace("_", "-"), []).append((name, key, option))
-    for flag, owned in plain.items():
+    for key in dict.fromkeys(key for options in chosen.values() for key in options):
+        flag = key.replace("_", "-")
         if flag in meanings and meanings[flag][0][0] in FLAG_ORDER:
             continue                                  # a task, train or model setting's flag, whatever -e says
-        if len({reading(option) for _, _, option in owned}) == 1:     # every encoding that declares it
-            meanings.setdefault(flag, []).append(("encoding", owned[0][1], owned[0][2]))
-        else:                                                          # one name, two types: two meanings
-            meanings.setdefault(flag, []).extend((ONE_ENCODING + name, key, option) for name, key, option in owned)
+        owned = [(ONE_ENCODING + name, key, options[key]) for name, options in chosen.items() if key in options]
+        if len({reading(option) for _, _, option in owned}) == 1:      # one flag for every encoding declaring it
+            owned = [("encoding", key, owned[0][2])]
+        meanings.setdefault(flag, []).extend(owned)                    # (else one name, two types: two meanings)
     found = {flag: owned[0] for flag, owned in meanings.items() if len(owned) == 1}
-    for flag, owned in meanings.items():
-        if len(owned) > 1:
-            found[flag] = (AMBIGUOUS, "", Ambiguous(ambiguity(flag, owned, found, chosen),
-                                                    all(true_or_false(option) for _, _, option in owned)))
-    return found
+    refused = {flag: (AMBIGUOUS, "", Ambiguous(ambiguity(flag, owned, found, chosen),
+                                               all(true_or_false(option) for *_, option in owned)))
+               for flag, owned in meanings.items() if len(owned) > 1}
+    return found | refused
 
 
 def reading(option: Any) -> tuple:
@@ -86,30 +85,28 @@ def reading(option: Any) -> tuple:
 
 def ambiguity(flag: str, owned: list[tuple[str, str, Any]], found: dict[str, tuple[str, str, Any]],
               chosen: dict[str, dict[str, Any]]) -> str:
-    """The line refusing ``--FLAG`` of several meanings (``owned``): each meaning with the flags that give it alone,
-    and the ``--set`` forms."""
-    described, sets, flags = [], [], False
-    for section, key, option in owned:
-        if section in FLAG_ORDER:                                  # a task, train or model setting
-            what, alone = f"{section}.{key}", [f for f, (where, _, o) in found.items() if o is option]
-            sets.append(f"--set {section}.{key}=VALUE")
+    """The line refusing ``--FLAG`` of several meanings (``owned``): each meaning with the flags (of ``found``) that
+    set it or a part of it, nothing else, and the ``--set`` forms."""
+
+    def sets(section: str, key: str) -> set[str]:      # the sections a flag of section.key sets
+        if section == "encoding":                      # every chosen encoding's that declares it
+            return {ONE_ENCODING + name for name, options in chosen.items() if key in options}
+        return {section}
+
+    described, forms, alone = [], [], []
+    for section, key, _ in owned:
+        mine = sets(section, key)
+        flags = [f"--{f}" for f, (where, k, _) in found.items() if k == key and sets(where, k) <= mine]
+        if section in FLAG_ORDER:
+            what = f"{section}.{key}"
+            forms.append(f"--set {section}.{key}=VALUE")
         else:
-            declaring = [name for name, options in chosen.items() if key in options]
-            owners = [section.removeprefix(ONE_ENCODING)] if section.startswith(ONE_ENCODING) else declaring
-            what = f"{' and '.join(owners)}'s {key}"
-            alone = [f for f, (where, _, o) in found.items()
-                     if (where.startswith(ONE_ENCODING) and where.removeprefix(ONE_ENCODING) in owners
-                         and o is chosen[where.removeprefix(ONE_ENCODING)].get(key))
-                     or (where == "encoding" and declaring == owners and o is option)]
-        described.append(what + (f" ({', '.join('--' + f for f in alone)})" if alone else ""))
-        flags = flags or bool(alone)
-    sets.append("--set encoding.KEY=VALUE with that encoding alone in -e")
+            what = f"{' and '.join(name for name in chosen if ONE_ENCODING + name in mine)}'s {key}"
+        described.append(what + (f" ({', '.join(flags)})" if flags else ""))
+        alone += flags
+    forms.append("--set encoding.KEY=VALUE with that encoding alone in -e")
     return (f"--{flag} is ambiguous with -e {','.join(chosen)}: it is {' or '.join(described)}; say which with "
-            f"{'those flags, or ' if flags else ''}{', or '.join(sets)}")
-
-
-def flag_name(key: str, option: Any) -> str:
-    return option.flag or key.replace("_", "-")
+            f"{'those flags, or ' if alone else ''}{', or '.join(forms)}")
 
 
 def true_or_false(option: Any) -> bool:
@@ -122,9 +119,9 @@ def slurm_declarations() -> dict[str, tuple[str, str, Any]]:
             if key != "additional"}                  # a table: the study file's [slurm] only
 
 
-#: ``ctx.meta`` keys: the click options made for this command line, the settings given, the option that gave each,
-#: and every option's every appearance in order
-PARAMS, GIVEN, GIVEN_BY, ORDER = (f"posbench.setting_flags.{name}" for name in ("params", "given", "given_by", "order"))
+#: ``ctx.meta`` keys: the click options made for this command line, each (option, setting) given, and every
+#: option's every appearance in order
+PARAMS, GIVEN, ORDER = (f"posbench.setting_flags.{name}" for name in ("params", "given", "order"))
 
 
 def click_params(known: dict[str, tuple[str, str, Any]], *, taken: Iterable[str] = (),
@@ -136,14 +133,13 @@ def click_params(known: dict[str, tuple[str, str, Any]], *, taken: Iterable[str]
     for flag, (section, key, option) in known.items():
         if f"--{flag}" in taken or f"--no-{flag}" in taken:
             continue
-        if section == AMBIGUOUS:                        # given, it is refused (``option``: an ``Ambiguous``)
-            switch = option.switch
-            info = OptionInfo(default=None, param_decls=(f"--{flag}/--no-{flag}",) if switch else (f"--{flag}",),
-                              callback=refuse(option.refusal), expose_value=False, hidden=True)
+        switch = option.switch if section == AMBIGUOUS else true_or_false(option)
+        names = (f"--{flag}/--no-{flag}",) if switch else (f"--{flag}", *([short[flag]] if flag in short else []))
+        if section == AMBIGUOUS:                        # given, it is refused
+            info = OptionInfo(default=None, param_decls=names, callback=refuse(option.refusal), expose_value=False,
+                              hidden=True)
         else:
             where = f"{'encoding' if section.startswith(ONE_ENCODING) else section}.{key}"
-            switch = true_or_false(option)
-            names = (f"--{flag}/--no-{flag}",) if switch else (f"--{flag}", *([short[flag]] if flag in short else []))
             default = ",".join(map(str, option.default)) if isinstance(option.default, list) else option.default
             default = "none" if default in ("", None) else str(default).lower() if switch else str(default)
             info = OptionInfo(default=None, param_decls=names, help=f"{option.help} ({where}, default {default})",
@@ -152,8 +148,6 @@ def click_params(known: dict[str, tuple[str, str, Any]], *, taken: Iterable[str]
                               rich_help_panel=panel)
         parameters.append(inspect.Parameter(f"setting_{len(parameters)}", inspect.Parameter.KEYWORD_ONLY,
                                             default=info, annotation=Optional[bool] if switch else Optional[str]))
-    if not parameters:
-        return []
 
     def flags(**values: Any) -> None:                   # never called: typer reads its signature
         return None
@@ -176,53 +170,34 @@ def reader(section: str, key: str, where: str, option: Any):
 
     def read(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> None:
         if value is None:
-            return None
-        if isinstance(value, str) and underscores_as_dashes(value.partition("=")[0]) in option_names(ctx):
+            return
+        names = option_names(ctx.command.get_params(ctx))
+        if isinstance(value, str) and ctx.token_normalize_func(value.partition("=")[0]) in names:
             raise typer.BadParameter(f"needs a value ({value} is an option)")       # --warmup --timed-steps 2
         try:
             value = typed(where, value, option.default, option.limit)
         except UserError as exc:
             raise typer.BadParameter(str(exc)) from None
-        ctx.meta.setdefault(GIVEN, []).append(Setting(section, key, value))
-        ctx.meta.setdefault(GIVEN_BY, []).append(param)
-        return None
+        ctx.meta[GIVEN].append((param, Setting(section, key, value)))
 
     return read
 
 
 def refuse(message: str):
-    """The callback of an ``AMBIGUOUS`` flag: given, click's bad parameter."""
-
     def read(value: Any) -> None:
         if value is not None:
             raise typer.BadParameter(message)
-        return None
 
     return read
 
 
-def in_order_given(ctx: Any, order: list[Any]) -> None:
-    """The flags' settings (in click's order: each flag's first appearance) in the order of each flag's last, so
-    that of two flags of one setting the one given last counts (``--theta 1 --rope-theta 2 --theta 3``: 3)."""
-    settings, params = ctx.meta.get(GIVEN, []), ctx.meta.get(GIVEN_BY, [])
-    last = {id(param): i for i, param in enumerate(order)}
-    ranked = sorted(range(len(settings)), key=lambda i: last.get(id(params[i]), -1) if i < len(params) else -1)
-    ctx.meta[GIVEN] = [settings[i] for i in ranked]
-
-
-def option_names(ctx: Any) -> set[str]:
-    return {name for param in ctx.command.get_params(ctx) for name in (*param.opts, *param.secondary_opts)
-            if name.startswith("-")}
+def option_names(params: list[Any]) -> set[str]:
+    return {name for param in params for name in (*param.opts, *param.secondary_opts) if name.startswith("-")}
 
 
 def given(ctx: Any) -> list[Setting]:
     """The settings the command line gave as flags, typed, in the order of their last appearance."""
-    return list(ctx.meta.get(GIVEN, []))
-
-
-def underscores_as_dashes(name: str) -> str:
-    """click's ``token_normalize_func``: ``--new_tokens`` is ``--new-tokens``."""
-    return name.replace("_", "-")
+    return [setting for _, setting in ctx.meta.get(GIVEN, [])]
 
 
 class SettingFlags(TyperCommand):
@@ -234,45 +209,41 @@ class SettingFlags(TyperCommand):
     hidden_flags: ClassVar[tuple[str, ...]] = ()
     flags_panel: ClassVar[str] = "Settings"
 
-    def __init__(self, *args: Any, context_settings: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        settings = {"token_normalize_func": underscores_as_dashes, **(context_settings or {})}
-        super().__init__(*args, context_settings=settings, **kwargs)
-
     def flag_declarations(self, chosen: dict[str, Any]) -> dict[str, tuple[str, str, Any]]:
         raise NotImplementedError
 
     def chosen(self, ctx: Any, args: list[str]) -> dict[str, Any]:
         """The choosers' values, from a first, resilient parse: the flags not yet made are unknown options, left
         aside, and so is a negative number (``--lr -1e-3``; click would read ``-e -3``) unless a chooser's."""
-        first = click.Context(self, parent=ctx.parent, info_name=ctx.info_name, resilient_parsing=True,
+        first = typer.Context(self, parent=ctx.parent, info_name=ctx.info_name, resilient_parsing=True,
                               ignore_unknown_options=True, token_normalize_func=ctx.token_normalize_func,
                               help_option_names=ctx.help_option_names)   # click keeps the first help option made
         names = {name for param in self.params if param.name in self.choosers for name in param.opts}
         words = [word for i, word in enumerate(args)
                  if not (NEGATIVE.match(word) and (i == 0 or args[i - 1] not in names))]
-        try:
-            values, _, _ = self.make_parser(first).parse_args(args=words)
-        except click.UsageError:
-            values = {}
+        values, _, _ = self.make_parser(first).parse_args(args=words)     # resilient: no usage error
         return {name: values.get(name) for name in self.choosers}
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.token_normalize_func = lambda name: name.replace("_", "-")       # --new_tokens is --new-tokens
         chosen = self.chosen(ctx, args)
         try:
             known = self.flag_declarations(chosen)
         except UserError as exc:                 # an unknown task or encoding: one line, exit code 2
             ctx.fail(str(exc))
-        own = {name for param in self.params for name in (*param.opts, *param.secondary_opts)}
-        ctx.meta[PARAMS] = click_params(known, taken=own, short=self.short_flags, hidden=self.hidden_flags,
-                                        panel=self.flags_panel)
-        ctx.meta[GIVEN], ctx.meta[GIVEN_BY] = [], []
+        ctx.meta[PARAMS] = click_params(known, taken=option_names(self.params), short=self.short_flags,
+                                        hidden=self.hidden_flags, panel=self.flags_panel)
+        ctx.meta[GIVEN] = []
         try:
             rest = super().parse_args(ctx, args)
         except Exception as exc:        # click's usage errors, told by their public attributes
             if getattr(exc, "ctx", False) is None:          # "requires an argument": the command's, not posbench's
                 exc.ctx = ctx
-            raise                       # (an unknown option's suggestions: posbench.cli.app.main)
-        in_order_given(ctx, ctx.meta.pop(ORDER, []))     # of two flags of one setting, the one given last
+            raise                       # (an unknown option's suggestions: posbench.cli.suggestions.meant)
+        # click calls each flag's callback once, in the order of its first appearance: sorted by its last, of two
+        # flags of one setting the one given last counts (``--theta 1 --rope-theta 2 --theta 3``: 3)
+        last = {id(param): i for i, param in enumerate(ctx.meta.pop(ORDER, []))}
+        ctx.meta[GIVEN].sort(key=lambda given: last.get(id(given[0]), -1))
         differ = [name for name in self.choosers if ctx.params.get(name) != chosen[name]]
         if differ and not ctx.resilient_parsing:
             names = ", ".join(max(p.opts, key=len) for p in self.params if p.name in differ)
@@ -294,3 +265,36 @@ class SettingFlags(TyperCommand):
 
     def get_params(self, ctx: Any) -> list[Any]:
         return [*super().get_params(ctx), *ctx.meta.get(PARAMS, ())]
+
+
+# ---- the commands with settings flags, and what decides each one's ----------------------------------------------
+
+class RunCommand(SettingFlags, RegistryHelp):
+    fills = {"encoding": "encodings_help", "task": "tasks_help", "preset": "presets_help"}
+    choosers = ("task", "encoding")
+
+    def flag_declarations(self, chosen: dict[str, Any]) -> dict[str, tuple[str, str, Any]]:
+        return declarations(chosen["task"], split_names(chosen["encoding"] or ""))
+
+
+class ExtendCommand(SettingFlags, RegistryHelp):
+    fills = {"method": "methods_help", "preset": "extend_presets_help"}
+    choosers = ("method",)
+    short_flags = {"length": "-l"}
+
+    def flag_declarations(self, chosen: dict[str, Any]) -> dict[str, tuple[str, str, Any]]:
+        return declarations("extend", [chosen["method"]] if chosen["method"] else [])
+
+
+class BenchCommand(SettingFlags):
+    hidden_flags = ("steps",)                   # train.steps: bench refuses it (its timed steps are --timed-steps)
+
+    def flag_declarations(self, chosen: dict[str, Any]) -> dict[str, tuple[str, str, Any]]:
+        return declarations("bench")
+
+
+class SweepCommand(SettingFlags):
+    flags_panel = "Executor settings"
+
+    def flag_declarations(self, chosen: dict[str, Any]) -> dict[str, tuple[str, str, Any]]:
+        return slurm_declarations()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import difflib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from posbench import options as opts
 from posbench.bench import Bench
@@ -156,10 +156,22 @@ def for_encoding(settings: Sequence[Setting], encoding: str | None, keys: Any, r
     return kept
 
 
+class Start(NamedTuple):
+    """What a run's settings start from, before the command line's: the sections' values (defaults < preset <
+    ``--init`` model) and their declarations."""
+
+    task_cls: Any
+    preset: str
+    source: InitSource | None
+    encoding: str | None
+    encoding_cls: Any
+    sections: dict[str, dict[str, Any]]
+    options: dict[str, dict[str, Option]]
+
+
 def starting_point(task: str, encoding: str | None, preset: str | None, init: str | None = None,
-                   init_flag: str = "--init") -> tuple:
-    """What a run's settings start from, before the command line's: the task class, preset name, ``--init`` source,
-    encoding name and class, the sections (defaults < preset < ``--init`` model) and their declarations."""
+                   init_flag: str = "--init") -> Start:
+    """The ``Start`` of a run of ``task`` with ``encoding`` from ``preset`` (None: the task's) and ``init``."""
     task_cls = task_class(task)
     preset = preset or task_cls.default_preset
     chosen = preset_of(task_cls, preset)
@@ -176,13 +188,14 @@ def starting_point(task: str, encoding: str | None, preset: str | None, init: st
         sections["train"]["steps"] = 0
     if source is not None:
         models.take_init(sections, source, task_cls.OPTIONS)
-    return task_cls, preset, source, encoding, encoding_cls, sections, options
+    return Start(task_cls, preset, source, encoding, encoding_cls, sections, options)
 
 
 def check_each_set(task: str, encoding: str | None, preset: str | None, sets: Sequence[str]) -> None:
     """Each ``--set`` entry alone: a key of the run's, a value of its type and range (``posbench check`` asks first:
     a mistake of its ``--set`` is the user's, not the contract's)."""
-    *_, sections, options = starting_point(task, encoding, preset)
+    start = starting_point(task, encoding, preset)
+    sections, options = start.sections, start.options
     for item in sets:
         raw_key, value = parse_assignment(item)
         (setting,) = read_settings(sections, [(raw_key, value)], options=options)
@@ -216,9 +229,7 @@ def fill_task_context(task_cls: Any, encoding: str | None, encoding_cls: Any, se
 def check_sections(task_cls: Any, encoding_cls: Any, sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Every section through its one check, the constructors' own (``ModelConfig``, ``TrainConfig``: ``train`` is
     one), the encoding's with what it asks of the model (attention backend, one pass), the task's."""
-    options = model_options()
-    model = opts.resolve("model", defaults(options), sections["model"],
-                         {k: o.limit for k, o in options.items() if o.limit is not None}, label="model.")
+    model = opts.resolve("model", model_options(), sections["model"], label="model.")
     ModelConfig(vocab_size=1, **model)
     train = TrainConfig(**sections["train"])
     encoding = encoding_cls.resolve(sections["encoding"]) if encoding_cls is not None else {}

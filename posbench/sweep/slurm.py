@@ -296,11 +296,9 @@ def final_state(job_id: str | None) -> str:
 def slurm_options(table: dict[str, Any], overrides: dict[str, Any]) -> SlurmOptions:
     """The study's ``[slurm]`` table, then the command line's options (those given), each through its declaration
     (``SlurmOptions``); ``time`` in minutes."""
-    options = declared(SlurmOptions)
     given = {**table, **{k: v for k, v in overrides.items() if v is not None}}
     try:
-        values = resolve("slurm", {k: o.default for k, o in options.items()}, given,
-                         {k: o.limit for k, o in options.items() if o.limit}, label="slurm ")
+        values = resolve("slurm", declared(SlurmOptions), given, label="slurm ")
     except OptionError as exc:
         raise SlurmError(str(exc)) from None
     if values["time"] is not None:
