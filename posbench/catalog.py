@@ -168,7 +168,8 @@ TASKS = {'arithmetic': {'module': 'posbench.tasks.arithmetic.task',
                                                    'how': 'estimated',
                                                    'note': 'RoPE with train.compile=auto (on); eager ~37 min; TAPE '
                                                            'eager ~60 min, compiled (one graph for all layers) '
-                                                           "expected near RoPE's; not yet timed on a GPU"}}}},
+                                                           "expected near RoPE's; not yet timed on a GPU"}}},
+                'example_scorer': 'posbench.tasks.arithmetic.example_scores'},
  'extend': {'module': 'posbench.tasks.extend.task',
             'description': "extend a pretrained Llama's context (tape, lora, longlora, theta, ...) and fine-tune it",
             'defaults': {'length': 0,
@@ -230,7 +231,8 @@ TASKS = {'arithmetic': {'module': 'posbench.tasks.arithmetic.task',
                                               'hardware': '2-core x86-64 CPU (Intel Xeon, shared), torch 2.13.0+cpu',
                                               'how': 'measured',
                                               'note': 'a tiny local Llama (python -m posbench.hf.tiny), Python '
-                                                      'start-up included'}}}},
+                                                      'start-up included'}}},
+            'example_scorer': None},
  'passkey': {'module': 'posbench.tasks.passkey.task',
              'description': "passkey retrieval (LongLoRA template): length x depth accuracy grid, or LongLoRA's "
                             'exact test',
@@ -327,7 +329,8 @@ TASKS = {'arithmetic': {'module': 'posbench.tasks.arithmetic.task',
                                                 'hardware': '1x NVIDIA H100 80GB',
                                                 'how': 'estimated',
                                                 'note': 'with --init a pretrain paper run; TAPE eager, RoPE ~6.5 '
-                                                        'min'}}}},
+                                                        'min'}}},
+             'example_scorer': 'posbench.tasks.passkey.example_scores'},
  'perplexity': {'module': 'posbench.tasks.perplexity.task',
                 'description': 'perplexity vs evaluation length (1-8x the training length), chunked and '
                                'sliding-window',
@@ -439,7 +442,8 @@ TASKS = {'arithmetic': {'module': 'posbench.tasks.arithmetic.task',
                                                    'how': 'estimated',
                                                    'note': 'from scratch: the pretrain paper time plus ~10 min of '
                                                            'evaluation (T5 and FIRE longer at 6x); with --init only '
-                                                           'the evaluation'}}}},
+                                                           'the evaluation'}}},
+                'example_scorer': None},
  'pretrain': {'module': 'posbench.tasks.pretrain.task',
               'description': 'causal LM pre-training on a corpus (default: the built-in stdlib code corpus); '
                              'held-out perplexity',
@@ -529,7 +533,8 @@ TASKS = {'arithmetic': {'module': 'posbench.tasks.arithmetic.task',
                                                  'how': 'estimated',
                                                  'note': 'RoPE compiled (293k tokens/s measured at 16 x 1024) for '
                                                          '5.2B tokens; eager 7.0 h; TAPE eager 10.4 h, compiled 7.5 '
-                                                         'h'}}}},
+                                                         'h'}}},
+              'example_scorer': None},
  'ruler': {'module': 'posbench.tasks.ruler.task',
            'description': 'RULER retrieval: multi-key/value/query needles and variable tracking on a length x depth '
                           'grid',
@@ -617,7 +622,8 @@ TASKS = {'arithmetic': {'module': 'posbench.tasks.arithmetic.task',
                                  'expected': {'seconds': 900,
                                               'hardware': '1x NVIDIA H100 80GB',
                                               'how': 'estimated',
-                                              'note': 'with --init a pretrain paper run; see ruler.toml'}}}},
+                                              'note': 'with --init a pretrain paper run; see ruler.toml'}}},
+           'example_scorer': 'posbench.tasks.ruler.example_scores'},
  'scrolls': {'module': 'posbench.tasks.scrolls.task',
              'description': 'SCROLLS: per-dataset fine-tuning, greedy generation, official metrics (paper Table 1)',
              'defaults': {'datasets': 'all',
@@ -698,7 +704,8 @@ TASKS = {'arithmetic': {'module': 'posbench.tasks.arithmetic.task',
                                    'expected': {'seconds': 36000,
                                                 'hardware': '1x NVIDIA H100 80GB',
                                                 'how': 'estimated',
-                                                'note': 'RoPE, all 7 data sets; about 10 h, see scrolls.toml'}}}}}
+                                                'note': 'RoPE, all 7 data sets; about 10 h, see scrolls.toml'}}},
+             'example_scorer': 'posbench.tasks.scrolls.example_scores'}}
 
 METHODS = {'longlora': {'module': 'posbench.hf.methods',
               'description': "LoRA as 'lora', trained with shifted sparse attention (S²-Attn, groups of 1/4); full "
@@ -760,7 +767,8 @@ BENCH = {'name': 'bench',
                        'task': {'vocab_size': 256, 'lengths': [256], 'batch': [8], 'new_tokens': 32}},
              'paper': {'model': {'d_model': 768, 'n_layers': 12, 'n_heads': 12, 'd_ff': 3072},
                        'train': {'steps': 0, 'compile': False},
-                       'task': {'vocab_size': 32000, 'lengths': [1024, 8192], 'batch': [16, 1], 'new_tokens': 128}}}}
+                       'task': {'vocab_size': 32000, 'lengths': [1024, 8192], 'batch': [16, 1], 'new_tokens': 128}}},
+ 'example_scorer': None}
 
 MODEL = {'defaults': {'d_model': 128,
               'n_layers': 2,

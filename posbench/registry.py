@@ -313,6 +313,8 @@ class Registry(Mapping[str, type], Generic[T]):
             if self.package is not None:
                 package = importlib.import_module(self.package)
                 import_folder(self.package, package.__path__)
+                for entry in built_in(self.kind).values():      # a built-in task's folder imports not its task
+                    importlib.import_module(entry["module"])
         except Exception:
             self._all_loaded = False
             raise

@@ -32,19 +32,24 @@ finally:
 """
 
 
-RUNS = str(Path(__file__).resolve().parents[1] / "docs" / "reference-runs")     # committed records of two encodings
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = str(ROOT / "docs" / "reference-runs")                 # committed records of two encodings
+PAIRED = str(ROOT / "tests" / "fixtures" / "results-v1" / "arithmetic")   # RoPE and ALiBi, with predictions
 
 
 @pytest.mark.parametrize("args", [["--help"], ["ls"], ["ls", "encodings"], ["ls", "presets"], ["compare", RUNS],
-                                  ["compare", RUNS, "-f", "json"], ["compare", RUNS, "--by-model"]])
+                                  ["compare", RUNS, "-f", "json"], ["compare", RUNS, "--by-model"],
+                                  ["compare", PAIRED, "--against", "rope", "-f", "markdown"]])
 def test_commands_that_build_no_model_do_not_import_torch(args, tmp_path):
-    """``posbench --help``, ``posbench ls`` (no name) and ``posbench compare`` start without torch (a fresh
-    process): they read the catalog and records, never an encoding's code. (``--against`` on runs with per-example
-    predictions imports their task, whose code rebuilds the scores.)"""
+    """``posbench --help``, ``posbench ls`` (no name) and ``posbench compare`` start without torch (a fresh process):
+    they read the catalog, records and predictions, never an encoding's or a task's class; a built-in task's
+    per-example scores (``--against``) come from its ``example_scorer`` module."""
     done = subprocess.run([sys.executable, "-c", NO_TORCH, *args], capture_output=True, text=True, cwd=tmp_path,
                           env={"PATH": "", "COLUMNS": "120"})
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "NO TORCH"
+    if "--against" in args:                                        # paired example by example, not across seeds
+        assert "| alibi | accuracy | 0.00 | [0.00, 0.00] | 1.000 | - | 2 seeds x 72 examples |" in done.stdout
 
 
 BEYOND = """

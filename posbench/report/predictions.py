@@ -3,12 +3,16 @@ its record gives, plain or gzipped) read within bounds, through its task's ``exa
 
 from __future__ import annotations
 
+import importlib
 import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from posbench.errors import UserError
 from posbench.files import (MAX_PREDICTIONS_BYTES, MAX_PREDICTIONS_ROWS, TooLarge, inside, plain_or_gzipped,
                             read_jsonl)
+from posbench.registry import beyond_catalog, built_in
 from posbench.runs.record import RunRecord
 from posbench.runs.store import PREDICTIONS_FILE
 from posbench.stats import ExampleScores
@@ -37,8 +41,6 @@ def read_scores(run: RunRecord) -> tuple[ExampleScores | None, str | None]:
     """The run's per-example scores (its task's ``example_scores`` over its predictions), or None; and the line to
     say when its predictions were refused (a path that leaves the run's folder, a file past its size bound) or
     could not be read."""
-    from posbench.tasks import TASKS  # torch: only for what builds or names a class
-
     path, refused = predictions_file(run)
     if path is None:
         return None, f"{run.path}: {refused}; paired across seeds only" if refused else None
@@ -50,6 +52,18 @@ def read_scores(run: RunRecord) -> tuple[ExampleScores | None, str | None]:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         return None, f"{run.path}: {path.name} is unreadable ({reason}); paired across seeds only"
     try:
-        return (TASKS.get(str(run.task)).example_scores(run, rows) if rows else None), None
+        return (scorer(str(run.task))(run, rows) if rows else None), None
     except (UserError, OSError, ValueError, KeyError, TypeError, IndexError):
         return None, None      # rows that do not rebuild the task's scores: the table's note says "seeds only"
+
+
+def scorer(task: str) -> Callable[[RunRecord, list[dict[str, Any]]], ExampleScores | None]:
+    """What gives a task's per-example scores: a built-in task's ``example_scorer`` module, as the catalog names it
+    (no torch), or the task class's ``example_scores`` (a plugin's: its class is imported)."""
+    entry = None if beyond_catalog("task") else built_in("task").get(task)
+    if entry is None:
+        from posbench.tasks import TASKS  # torch: a task the catalog does not describe is known by its class
+
+        return TASKS.get(task).example_scores
+    module = entry["example_scorer"]
+    return importlib.import_module(module).example_scores if module else lambda run, rows: None

@@ -69,6 +69,7 @@ dicts)``. Grids with two axes are drawn as heatmaps by ``posbench compare --plot
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,6 +126,9 @@ class Runnable(Configurable):
     default_preset: ClassVar[str] = "small"
     #: where the run's model comes from, and how ``--encoding`` and ``--init`` choose it (posbench.tasks.model_source)
     model_source: ClassVar[ModelSource] = FRESH
+    #: the module whose ``example_scores(record, predictions)`` gives ``example_scores`` (None: none): a module
+    #: without torch, so that ``compare --against`` pairs a built-in task's runs without importing its class
+    example_scorer: ClassVar[str | None] = None
 
     def __init__(self, config):
         """``config``: the run's ``posbench.runs.run_config.RunConfig``; ``source``: what its ``--init`` resolved to
@@ -180,8 +184,10 @@ class Runnable(Configurable):
     def example_scores(cls, record: Any, predictions: list[dict[str, Any]]):
         """The per-example values behind the metrics of a finished run (its record and ``predictions.jsonl``
         rows) as a ``posbench.stats.ExampleScores``, so that ``compare --against`` pairs two encodings example
-        by example; None (the default): the metrics are paired across seeds only."""
-        return None
+        by example; None (no ``example_scorer``, the default): the metrics are paired across seeds only."""
+        if cls.example_scorer is None:
+            return None
+        return importlib.import_module(cls.example_scorer).example_scores(record, predictions)
 
 
 class Task(Runnable):

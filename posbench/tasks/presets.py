@@ -29,9 +29,10 @@ def preset_of(task: Any, name: str) -> dict[str, dict[str, Any]]:
 
 
 def catalog_summary(task: Any) -> dict[str, Any]:
-    """What the catalog says of a task (``catalog_entry.summary_of``), with its version, default preset and presets."""
+    """What the catalog says of a task (``catalog_entry.summary_of``), with its version, default preset, presets and
+    the module of its per-example scores (``example_scorer``)."""
     return {**summary_of(task), "version": task.version, "default_preset": task.default_preset,
-            "presets": presets_of(task)}
+            "presets": presets_of(task), "example_scorer": task.example_scorer}
 
 
 def presets_of(task: Any) -> dict[str, dict[str, Any]]:

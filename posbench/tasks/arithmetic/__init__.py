@@ -1,7 +1,3 @@
 """The ``arithmetic`` task: McLeish et al.'s addition with reversed digits. Its folder: ``task.py`` (the task, its
 data stream and its accuracy grid), ``presets.toml``.
 """
-
-from posbench.tasks.arithmetic.task import Arithmetic
-
-__all__ = ["Arithmetic"]

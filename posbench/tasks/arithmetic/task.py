@@ -33,7 +33,6 @@ from posbench.data.char import BOS, EOS, PAD, SPECIALS, UNK, CharTokenizer
 from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
 from posbench.options import Option, at_least
-from posbench.stats import ExampleScores, mean_recipe
 from posbench.tasks.base import IndexedStream, Task, config_hash
 from posbench.train import distributed
 
@@ -203,6 +202,7 @@ register_metric("arithmetic", "accuracy_ood", better="higher", per_example=True,
 
 class Arithmetic(Task):
     name = "arithmetic"
+    example_scorer = "posbench.tasks.arithmetic.example_scores"
     description = "addition, reversed digits (McLeish et al.); accuracy grid up to 2x the training length"
     OPTIONS = {
         "train_digits": Option(5, "longest operand in training (the paper: 20)", at_least(1)),
@@ -337,30 +337,6 @@ class Arithmetic(Task):
         return Evaluation(metrics=metrics, primary="accuracy", grids={"accuracy": grid}, predictions=predictions,
                           info={"cells": len(cells), "samples_per_cell": self.opts["eval_samples"],
                                 "decoding": "greedy, KV cache"})
-
-
-    @classmethod
-    def example_scores(cls, record: Any, predictions: list[dict[str, Any]]):
-        """accuracy / _id / _ood as means of the per-example correctness (every grid cell has the same number
-        of examples, so the mean of the cells is the mean of the examples); strata: the grid cells."""
-        train = int(record.config.task_options["train_digits"])
-        seen: dict[tuple, int] = defaultdict(int)
-        keys, cells, inside = [], [], []
-        for p in predictions:
-            cell = (int(p["len_a"]), int(p["len_b"]))
-            ident = (*cell, str(p["a"]), str(p["b"]))
-            keys.append((*ident, seen[ident]))
-            seen[ident] += 1
-            cells.append(cell)
-            inside.append(cell[0] <= train and cell[1] <= train)
-        correct = 100.0 * np.array([bool(p["correct"]) for p in predictions], dtype=float)
-        inside_arr = np.array(inside, dtype=bool)
-        terms = {"all": correct, "id": np.where(inside_arr, correct, np.nan),
-                 "ood": np.where(inside_arr, np.nan, correct)}
-        return ExampleScores(keys, cells, terms, {"accuracy": mean_recipe("all"), "accuracy_id": mean_recipe("id"),
-                                                   "accuracy_ood": mean_recipe("ood")})
-
-
 
 # ---- host-side encoding and scoring, vectorised ----------------------------------------------------------
 

@@ -1,7 +1,3 @@
 """The ``extend`` task: the context extension of a pretrained Llama (``posbench extend``). Its folder: ``task.py``,
 ``presets.toml``.
 """
-
-from posbench.tasks.extend.task import Extend
-
-__all__ = ["Extend"]

@@ -1,7 +1,3 @@
 """The ``passkey`` task: LongLoRA's passkey retrieval on a length x depth grid. Its folder: ``task.py``,
 ``presets.toml`` (the prompts are ``posbench.evaluation.passkey``, which ``posbench.hf.tiny`` shares).
 """
-
-from posbench.tasks.passkey.task import Passkey
-
-__all__ = ["Passkey"]

@@ -38,8 +38,8 @@ from posbench.evaluation import passkey as pk
 from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
 from posbench.options import Bound, Each, OneOf, Option, at_least, between
-from posbench.stats import ExampleScores, mean_recipe
 from posbench.tasks.corpus_task import TokenizerMixin
+from posbench.tasks.passkey.example_scores import factor
 from posbench.tasks.base import SeededStream, Task, config_hash
 from posbench.train import distributed
 
@@ -105,6 +105,7 @@ for _name, _what in (("accuracy", "every cell of the grid (longlora mode: every 
 
 class Passkey(TokenizerMixin, Task):
     name = "passkey"
+    example_scorer = "posbench.tasks.passkey.example_scores"
     #: 2: a grid prompt and its answer are the grid length together, as in training (1: the prompt alone was)
     version = 2
     description = "passkey retrieval (LongLoRA template): length x depth accuracy grid, or LongLoRA's exact test"
@@ -255,7 +256,7 @@ class Passkey(TokenizerMixin, Task):
         if beyond:
             metrics["accuracy_beyond"] = self._mean_metric(beyond, trials)
         for L, row in zip(lengths, acc):
-            metrics[f"acc_{_factor(L, self.train_length)}x"] = self._mean_metric(row, trials)
+            metrics[f"acc_{factor(L, self.train_length)}x"] = self._mean_metric(row, trials)
         return Evaluation(metrics=metrics, primary="accuracy", grids={"accuracy": grid}, predictions=predictions,
                           info={"mode": "grid", "train_length": self.train_length, "lengths": lengths,
                                 "depths": depths, "trials_per_cell": trials, "chance_accuracy_pct": 100 * CHANCE,
@@ -310,39 +311,3 @@ class Passkey(TokenizerMixin, Task):
                                 "num_tests": trials, "points": rows, "train_length": self.train_length,
                                 "all_accuracies": {str(r["avg_tokens"]): r["accuracy"] for r in rows},
                                 "chance_accuracy_pct": 100 * CHANCE})
-
-
-    @classmethod
-    def example_scores(cls, record: Any, predictions: list[dict[str, Any]]):
-        """Every accuracy metric is the mean of the per-trial correctness over its cells (all cells hold the
-        same number of trials); strata: the grid cells (longlora mode: the length points)."""
-        info = record.evaluation
-        correct = 100.0 * np.array([bool(p["correct"]) for p in predictions], dtype=float)
-        seen: dict[tuple, int] = defaultdict(int)
-        keys, strata = [], []
-        if info.get("mode") == "longlora":
-            names = {i: f"acc_{point['avg_tokens']}" for i, point in enumerate(info.get("points", []))}
-            for p in predictions:
-                strata.append(int(p["point"]))
-                keys.append((int(p["point"]), int(p["seed"])))
-            groups = {names.get(point, f"point {point}"): [s == point for s in strata] for point in set(strata)}
-        else:
-            train = int(info.get("train_length") or 0)
-            for p in predictions:
-                ident = (int(p["length"]), float(p["depth"]), int(p["key"]))
-                keys.append((*ident, seen[ident]))
-                seen[ident] += 1
-                strata.append(ident[:2])
-            lengths = [s[0] for s in strata]
-            groups = {"accuracy_train_length": [L <= train for L in lengths],
-                      "accuracy_beyond": [L > train for L in lengths]}
-            groups.update({f"acc_{_factor(L, train)}x": [x == L for x in lengths] for L in set(lengths)})
-        terms = {"accuracy": correct}
-        terms.update({name: np.where(np.array(mask, dtype=bool), correct, np.nan) for name, mask in groups.items()
-                      if any(mask)})
-        return ExampleScores(keys, strata, terms, {name: mean_recipe(name) for name in terms})
-
-
-def _factor(length: int, train: int) -> str:
-    f = length / train
-    return str(int(f)) if f == int(f) else f"{f:g}"

@@ -3,7 +3,3 @@ and defaults), ``haystack.py`` (exact length, depth, slots), ``niah.py``, ``vt.p
 ``values.py``, ``examples.py`` (one example from a seed), ``training.py``; the metric: ``scoring.py``;
 ``presets.toml``.
 """
-
-from posbench.tasks.ruler.task import Ruler
-
-__all__ = ["Ruler"]

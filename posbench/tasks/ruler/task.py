@@ -28,7 +28,7 @@ import torch
 
 from posbench.data.batch import IGNORE_INDEX, Batch, next_token_pair
 from posbench.errors import ConfigError
-from posbench.stats import ExampleScores, mean_recipe
+from posbench.tasks.ruler.example_scores import factor
 from posbench.tasks.ruler.examples import data_spec, eval_seed, make_example, train_seed
 from posbench.tasks.ruler.kinds import KINDS, defaults
 from posbench.tasks.ruler.scoring import prediction_record
@@ -78,6 +78,7 @@ for _kind in KINDS:
 
 class Ruler(TokenizerMixin, Task):
     name = "ruler"
+    example_scorer = "posbench.tasks.ruler.example_scores"
     description = "RULER retrieval: multi-key/value/query needles and variable tracking on a length x depth grid"
     OPTIONS = {
         "kinds": Option(["niah_single_1", "niah_multikey_1", "niah_multivalue", "niah_multiquery", "vt"],
@@ -220,21 +221,6 @@ class Ruler(TokenizerMixin, Task):
                                 "decoding": f"greedy, KV cache, the answer's length + {ANSWER_MARGIN} tokens, "
                                             f"stop at EOS"})
 
-    @classmethod
-    def example_scores(cls, record: Any, predictions: list[dict[str, Any]]):
-        """Every metric is the mean of the per-example scores over its examples; strata: kind, length, depth."""
-        train = int(record.evaluation.get("train_length") or 0)
-        keys = [str(p["key"]) for p in predictions]
-        strata = [(p["kind"], int(p["length"]), float(p["depth"])) for p in predictions]
-        scores = 100.0 * np.array([float(p["score"]) for p in predictions])
-        terms = {"ruler": scores}
-        for name in {p["kind"] for p in predictions}:
-            terms[name] = np.where([p["kind"] == name for p in predictions], scores, np.nan)
-        for length in {int(p["length"]) for p in predictions}:
-            mask = [int(p["length"]) == length for p in predictions]
-            terms[f"ruler_{factor(length, train)}x"] = np.where(mask, scores, np.nan)
-        return ExampleScores(keys, strata, terms, {name: mean_recipe(name) for name in terms})
-
 
 def mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
@@ -250,8 +236,3 @@ def stderr(values: list[float]) -> float | None:
 
 def metric(values: list[float]) -> Metric:
     return Metric(mean(values), stderr(values), len(values))
-
-
-def factor(length: int, train: int) -> str:
-    f = length / train if train else 0
-    return str(int(f)) if f == int(f) else f"{f:g}"

@@ -1,7 +1,3 @@
 """The ``scrolls`` task: the seven SCROLLS data sets. Its folder: ``task.py``, ``data.py`` (the data sets' files and
 prompts), ``metric.py`` (the official metrics), ``presets.toml``.
 """
-
-from posbench.tasks.scrolls.task import Scrolls
-
-__all__ = ["Scrolls"]

@@ -44,6 +44,12 @@ DATASET_TO_METRICS: dict[str, dict[str, Any]] = {
     "contract_nli": {"metric": "exact_match", "score_key": "exact_match", "display_keys": ["exact_match"]},
     "quality_hard": {"metric": "exact_match", "score_key": None, "display_keys": ["exact_match"]},
 }
+#: each data set's column in posbench's tables, in the paper's Table 1 order: QAS F1, CNLI EM, NQA F1, QuAL EM,
+#: QMS Rgm, SumS Rgm, GovR Rgm
+TABLE1 = (("qasper", "qasper_f1"), ("contract_nli", "contract_nli_em"), ("narrative_qa", "narrative_qa_f1"),
+          ("quality", "quality_em"), ("qmsum", "qmsum_rgm"), ("summ_screen_fd", "summ_screen_fd_rgm"),
+          ("gov_report", "gov_report_rgm"))
+COLUMN = dict(TABLE1)
 SCROLLS_DATASETS = ("gov_report", "summ_screen_fd", "qmsum", "narrative_qa", "qasper", "quality", "contract_nli")
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 

@@ -26,13 +26,11 @@ then ``scrolls_score``. Each data set's predictions are also written as ``scroll
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from posbench.stats import ExampleScores, Recipe
 from posbench.tasks.scrolls import data as sd
 from posbench.data.batch import IGNORE_INDEX, Batch, next_token_pair
 from posbench.data.errors import DataError
@@ -40,18 +38,13 @@ from posbench.errors import ConfigError
 from posbench.evaluation.metrics import register_metric
 from posbench.evaluation.outcome import Evaluation, Metric, mean_stderr
 from posbench.files import atomic_write_json
-from posbench.tasks.scrolls.metric import (DATASET_TO_METRICS, exact_match, rouge_fmeasures, scrolls as scrolls_metric,
+from posbench.tasks.scrolls.metric import (COLUMN, DATASET_TO_METRICS, TABLE1, exact_match, scrolls as scrolls_metric,
                                            scrolls_score, token_f1)
 from posbench.options import OneOf, Option, at_least
 from posbench.tasks.corpus_task import TokenizerMixin
 from posbench.tasks.base import Phase, SeededStream, Task, config_hash
 from posbench.train import distributed
 
-# paper Table 1 order: QAS F1, CNLI EM, NQA F1, QuAL EM, QMS Rgm, SumS Rgm, GovR Rgm
-TABLE1 = (("qasper", "qasper_f1"), ("contract_nli", "contract_nli_em"), ("narrative_qa", "narrative_qa_f1"),
-          ("quality", "quality_em"), ("qmsum", "qmsum_rgm"), ("summ_screen_fd", "summ_screen_fd_rgm"),
-          ("gov_report", "gov_report_rgm"))
-COLUMN = dict(TABLE1)
 # generation limits in subword tokens (TAPE: 200 for QA/NLI, 1000 for summaries); x4 for byte tokenizers
 GEN_TOKENS = {"gov_report": 1024, "summ_screen_fd": 512, "qmsum": 512, "narrative_qa": 64, "qasper": 128,
               "quality": 128, "contract_nli": 8}
@@ -88,6 +81,7 @@ class ExampleStream(SeededStream):
 
 class Scrolls(TokenizerMixin, Task):
     name = "scrolls"
+    example_scorer = "posbench.tasks.scrolls.example_scores"
     description = "SCROLLS: per-dataset fine-tuning, greedy generation, official metrics (paper Table 1)"
     OPTIONS = {
         "datasets": Option("all", "comma-separated subset of the seven data sets, or all (from a --data folder: "
@@ -308,50 +302,6 @@ class Scrolls(TokenizerMixin, Task):
             bar.close()
         return preds, n_truncated
 
-    @classmethod
-    def example_scores(cls, record: Any, predictions: list[dict[str, Any]]):
-        """Per example the official score against its best reference (EM or F1 x100; for the ROUGE data sets
-        ROUGE-1, -2 and -L separately, whose means the geometric mean combines); ``scrolls_score`` is the mean
-        of the data sets' scores. Strata: the data sets."""
-        datasets = [d for d, _ in TABLE1 if any(p["dataset"] == d for p in predictions)]
-        keys = [(p["dataset"], str(p["id"])) for p in predictions]
-        strata = [p["dataset"] for p in predictions]
-        terms: dict[str, np.ndarray] = {}
-        recipes: dict[str, Recipe] = {}
-        for dataset in datasets:
-            rows = [(i, p) for i, p in enumerate(predictions) if p["dataset"] == dataset]
-            kind = DATASET_TO_METRICS[dataset]["metric"]
-            names = [f"{dataset}:{k}" for k in ("rouge1", "rouge2", "rougeL")] if kind == "rouge" else [dataset]
-            for name in names:
-                terms[name] = np.full(len(predictions), np.nan)
-            for i, p in rows:
-                if kind == "rouge":
-                    per_ref = [rouge_fmeasures(p["prediction"], r) for r in p["references"]]
-                    for name in names:
-                        terms[name][i] = max(s[name.split(":")[1]] for s in per_ref)
-                else:
-                    fn = token_f1 if kind == "f1" else exact_match
-                    terms[dataset][i] = 100.0 * max(fn(p["prediction"], r) for r in p["references"])
-            recipes[COLUMN[dataset]] = Recipe(tuple(names), _geometric_mean if kind == "rouge" else None)
-        parts = [recipes[COLUMN[d]] for d in datasets]
-        recipes["scrolls_score"] = Recipe(tuple(t for r in parts for t in r.terms), _mean_of_parts(parts))
-        return ExampleScores(keys, strata, terms, recipes)
-
     def _write_submission(self, dataset: str, preds: dict[str, str]) -> None:
         if self.run_dir is not None:
             atomic_write_json(self.run_dir / "scrolls" / f"{dataset}.json", preds)
-
-
-def _geometric_mean(means: np.ndarray) -> np.ndarray:
-    return np.cbrt(means[..., 0] * means[..., 1] * means[..., 2])
-
-
-def _mean_of_parts(parts: list) -> Callable[[np.ndarray], np.ndarray]:
-    """``scrolls_score`` from the concatenated term means of the data sets: the mean of their scores."""
-    def combine(means: np.ndarray) -> np.ndarray:
-        scores, start = [], 0
-        for recipe in parts:
-            scores.append(recipe.value(means[..., start:start + len(recipe.terms)]))
-            start += len(recipe.terms)
-        return np.mean(scores, axis=0)
-    return combine
