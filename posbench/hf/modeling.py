@@ -21,6 +21,8 @@ decodes as it would alone, for every encoding.
 attention does, one ``[batch, heads, queries, keys]`` tensor per block (per block and pass for a looped model):
 those of posbench's own scores, bias included (``posbench.model.attention.attention_weights``), zero on the keys
 a query does not see; computed only when asked for, so the logits are the same either way.
+``output_hidden_states=True`` returns what Llama's does: the input of every block (per block and pass for a looped
+model), then the input of the output layer (after the final norm), so ``lm_head(hidden_states[-1])`` is the logits.
 """
 
 from __future__ import annotations
@@ -152,10 +154,10 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
         view = CacheView(cache, self.model.config.n_layers * self.model.config.depth) if cache is not None else None
         if attention_mask is not None:              # its last columns are this call's tokens; a cache has the rest
             attention_mask = attention_mask[:, -input_ids.shape[1]:]
-        output_attentions = kwargs.pop("output_attentions", None)
-        if output_attentions is None:
-            output_attentions = bool(getattr(self.config, "output_attentions", False))
-        with attention_weights(self.model, output_attentions) as attentions:
+        output_attentions = asked(self.config, kwargs, "output_attentions")
+        output_hidden_states = asked(self.config, kwargs, "output_hidden_states")
+        with attention_weights(self.model, output_attentions) as attentions, \
+                block_inputs(self.model, output_hidden_states) as hidden_states:
             logits = self.model(input_ids, positions=position_ids, cache=view, attention_mask=attention_mask)
         if view is not None:
             view.store_positions()
@@ -166,7 +168,8 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         return causal_lm_output(loss=loss, logits=logits, cache=cache if use_cache else None,
-                                attentions=tuple(attentions) if output_attentions else None)
+                                attentions=tuple(attentions) if output_attentions else None,
+                                hidden_states=tuple(hidden_states) if output_hidden_states else None)
 
     # ---- initialisation (from_pretrained builds on the meta device) ----------------------------------
     @torch.no_grad()
@@ -205,6 +208,12 @@ class PosbenchForCausalLM(PreTrainedModel, GenerationMixin):
         return self._reference["encoding"]
 
 
+def asked(config: PosbenchConfig, kwargs: dict[str, Any], name: str) -> bool:
+    """Whether the call asks for an output (``output_attentions``): its argument, else the config's switch."""
+    given = kwargs.pop(name, None)
+    return bool(getattr(config, name, False)) if given is None else given
+
+
 @contextmanager
 def attention_weights(model: Transformer, wanted: bool):
     """A list that, while the block runs, receives the attention weights of every attention call of ``model``
@@ -222,6 +231,23 @@ def attention_weights(model: Transformer, wanted: bool):
     finally:
         for attention in layers:
             attention.weights = None
+
+
+@contextmanager
+def block_inputs(model: Transformer, wanted: bool):
+    """A list that, while the block runs, receives the input of every block call of ``model`` and then the output
+    layer's (``[B, N, d_model]`` each) when ``wanted``: a Llama's ``hidden_states``; nothing is kept otherwise."""
+    found: list[Tensor] = []
+    if not wanted:
+        yield found
+        return
+    hooks = [module.register_forward_pre_hook(lambda module, args: found.append(args[0]))
+             for module in (*model.blocks, model.lm_head)]
+    try:
+        yield found
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 class CacheView:

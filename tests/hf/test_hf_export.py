@@ -216,6 +216,52 @@ def test_hf_cache_prefix_then_suffix_equals_one_pass(tmp_path, capsys):
     assert_close(torch.cat(parts, 1), logits(hf, x))
 
 
+def test_output_hidden_states_are_each_blocks_input_then_the_output_layers(tmp_path, capsys):
+    """As a Llama's: the input of every block, then the final norm's output (what the output layer reads), derived
+    here by walking the model's modules by hand; asking changes no logit; none unless asked (the call's argument,
+    else the config's switch)."""
+    from transformers import AutoModelForCausalLM
+
+    out = export(capsys, fake_run(tmp_path, "tape"), tmp_path / "out")           # TAPE: a block also passes state
+    hf = AutoModelForCausalLM.from_pretrained(str(out))
+    x = prompts(2, 12)
+    with torch.no_grad():
+        plain = hf(input_ids=x, use_cache=False)
+        asked = hf(input_ids=x, use_cache=False, output_hidden_states=True)
+        model = hf.model
+        positions = torch.arange(12).expand(2, 12)
+        state = model.encoding.init_state(positions, x, None)
+        walked = [model.encoding.embed(model.embed(x), state)]
+        for block in model.blocks:
+            h, state = block(walked[-1], state, positions, model.encoding, None, True, None)
+            walked.append(h)
+        walked[-1] = model.norm(walked[-1])
+    assert plain.hidden_states is None
+    assert torch.equal(asked.logits, plain.logits)
+    assert len(asked.hidden_states) == len(walked) == 3
+    for ours, derived in zip(asked.hidden_states, walked):
+        assert ours.shape == (2, 12, 64) and torch.equal(ours, derived)          # the same ops: bitwise
+    assert torch.equal(hf.get_output_embeddings()(asked.hidden_states[-1]), asked.logits)
+    hf.config.output_hidden_states = True
+    with torch.no_grad():
+        assert len(hf(input_ids=x).hidden_states) == 3
+        assert hf(input_ids=x, output_hidden_states=False).hidden_states is None
+
+
+def test_a_looped_models_hidden_states_are_one_per_block_and_pass():
+    from posbench.hf.modeling import PosbenchConfig, PosbenchForCausalLM
+    from posbench.model import ModelConfig
+
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=259, d_model=32, n_layers=2, n_heads=4, max_seq_len=32, encoding="rope",
+                         recurrences=3, input_injection=True)
+    hf = PosbenchForCausalLM(PosbenchConfig.from_model_config(config)).eval()
+    with torch.no_grad():
+        out = hf(input_ids=prompts(1, 8), output_hidden_states=True, use_cache=False)
+    assert len(out.hidden_states) == 2 * 3 + 1
+    assert torch.equal(hf.get_output_embeddings()(out.hidden_states[-1]), out.logits)
+
+
 @pytest.mark.slow  # a fresh process
 def test_trust_remote_code_loads_an_export_without_importing_posbench_first(tmp_path, capsys):
     """In a fresh process that has not imported posbench, the export loads only with trust_remote_code=True (its
