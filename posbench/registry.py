@@ -84,17 +84,20 @@ _importing: list[str] = []          # the plugin module being imported (what its
 
 
 def import_folder(package: str, folder: Iterable[str]) -> None:
-    """Import every module and sub-folder of ``package`` (its ``__path__`` is ``folder``) whose name does not
-    start with an underscore: a file dropped there registers its classes."""
+    """Import every module and sub-folder of ``package`` (its ``__path__`` is ``folder``), and every module of each
+    sub-folder, whose name does not start with an underscore: a file or a folder dropped there registers its
+    classes (a task's folder need not import its ``task.py`` in its ``__init__.py``; the built-in ones do not)."""
     for info in sorted(pkgutil.iter_modules(folder), key=lambda i: i.name):
         if not info.name.startswith("_"):
             name = f"{package}.{info.name}"
             try:
-                importlib.import_module(name)
+                module = importlib.import_module(name)
             except UserError:
                 raise
             except Exception as exc:  # noqa: BLE001  (a user's file: say which, in one line)
                 raise PluginError(f"cannot import {name} ({type(exc).__name__}: {exc})") from exc
+            if info.ispkg:
+                import_folder(name, module.__path__)
 
 
 def plugin_names(value: str | None) -> list[str]:
@@ -313,8 +316,6 @@ class Registry(Mapping[str, type], Generic[T]):
             if self.package is not None:
                 package = importlib.import_module(self.package)
                 import_folder(self.package, package.__path__)
-                for entry in built_in(self.kind).values():      # a built-in task's folder imports not its task
-                    importlib.import_module(entry["module"])
         except Exception:
             self._all_loaded = False
             raise

@@ -250,6 +250,25 @@ def test_a_file_dropped_into_a_folder_that_cannot_be_imported_is_one_line(tmp_pa
     assert "\n" not in str(info.value)
 
 
+def test_a_folder_dropped_into_a_registrys_package_registers_what_its_modules_define(tmp_path, monkeypatch):
+    """A folder whose ``__init__.py`` imports nothing (as a built-in task's folder) still registers its classes:
+    listing imports every module of every folder; and a registry of a kind posbench does not know lists it too."""
+    from posbench.registry import import_folder
+
+    package = tmp_path / "widgets_pkg"
+    (package / "mine").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "mine" / "__init__.py").write_text('"""my widget: task.py"""\n')
+    (package / "mine" / "task.py").write_text("import widgets_pkg\nwidgets_pkg.SEEN = 'mine.task'\n")
+    (package / "mine" / "_private.py").write_text("raise RuntimeError('never imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import_folder("widgets_pkg", [str(package)])
+    import widgets_pkg
+
+    assert widgets_pkg.SEEN == "mine.task"
+    assert list(Registry("widget", package="widgets_pkg")) == []       # a kind beyond posbench's: nothing, no error
+
+
 def test_a_plugin_module_registers_with_its_name_as_origin(monkeypatch, tmp_path):
     """``load_plugins`` imports a module (here by file) once; its classes' origin names it."""
     from posbench.registry import load_plugins

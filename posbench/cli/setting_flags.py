@@ -172,7 +172,7 @@ def reader(section: str, key: str, where: str, option: Any):
         if value is None:
             return
         names = option_names(ctx.command.get_params(ctx))
-        if isinstance(value, str) and ctx.token_normalize_func(value.partition("=")[0]) in names:
+        if isinstance(value, str) and underscores_as_dashes(value.partition("=")[0]) in names:
             raise typer.BadParameter(f"needs a value ({value} is an option)")       # --warmup --timed-steps 2
         try:
             value = typed(where, value, option.default, option.limit)
@@ -200,6 +200,11 @@ def given(ctx: Any) -> list[Setting]:
     return [setting for _, setting in ctx.meta.get(GIVEN, [])]
 
 
+def underscores_as_dashes(name: str) -> str:
+    """click's ``token_normalize_func``: ``--new_tokens`` is ``--new-tokens``."""
+    return name.replace("_", "-")
+
+
 class SettingFlags(TyperCommand):
     """A command whose settings are flags, made per command line (``flag_declarations`` of what it chose) and kept
     in ``ctx.meta``: the command object is shared by every command line the process reads."""
@@ -208,6 +213,10 @@ class SettingFlags(TyperCommand):
     short_flags: ClassVar[dict[str, str]] = {}
     hidden_flags: ClassVar[tuple[str, ...]] = ()
     flags_panel: ClassVar[str] = "Settings"
+
+    def __init__(self, *args: Any, context_settings: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        settings = {"token_normalize_func": underscores_as_dashes, **(context_settings or {})}
+        super().__init__(*args, context_settings=settings, **kwargs)
 
     def flag_declarations(self, chosen: dict[str, Any]) -> dict[str, tuple[str, str, Any]]:
         raise NotImplementedError
@@ -225,7 +234,6 @@ class SettingFlags(TyperCommand):
         return {name: values.get(name) for name in self.choosers}
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        ctx.token_normalize_func = lambda name: name.replace("_", "-")       # --new_tokens is --new-tokens
         chosen = self.chosen(ctx, args)
         try:
             known = self.flag_declarations(chosen)

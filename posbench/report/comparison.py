@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from posbench.report.predictions import read_scores
+from posbench.report.predictions import Scorer, read_scores
 from posbench.runs.record import RunRecord
 from posbench.stats import ExampleScores, StratifiedBootstrap
 
@@ -20,6 +20,7 @@ class Comparison:
     #: one line per run whose predictions were not read, and why (in the order they were read)
     said: list[str] = field(default_factory=list)
     _scores: dict[str, ExampleScores | None] = field(default_factory=dict, repr=False)
+    _scorers: dict[str, Scorer] = field(default_factory=dict, repr=False)       # task -> what scores its runs
     #: the paired differences' work, done once for every baseline this comparison is asked against: one draw of
     #: bootstrap replicates per list of strata (each run resampled once), and each run's metric as a function of
     #: those weights per order of examples (``posbench.report.paired``)
@@ -32,7 +33,7 @@ class Comparison:
         """The run's per-example scores (``predictions.read_scores``), read once."""
         key = str(run.path)
         if key not in self._scores:
-            self._scores[key], line = read_scores(run)
+            self._scores[key], line = read_scores(run, self._scorers)
             if line:
                 self.said.append(line)
         return self._scores[key]

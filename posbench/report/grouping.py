@@ -68,12 +68,16 @@ def by_task(reading: Reading, *, by_run: bool = False) -> list[Groups]:
     """The runs ``reading`` read, except the benchmark runs (each a table of its own: ``posbench.report.bench``), by
     task in the order of the tasks' names, each task's in rows (``group``; one per run when ``by_run``:
     ``one_per_run``). Each run's facts are looked up here, once, and go on with it."""
-    read = [(run, reading[run]) for run in reading.runs if run.bench is None]
-    found: list[Groups] = []
-    for task in sorted({str(run.task) for run, _ in read}):
-        of_task = [(run, facts) for run, facts in read if str(run.task) == task]
-        found.append(one_per_run(task, of_task) if by_run else group(task, of_task))
-    return found
+    runs = [run for run in reading.runs if run.bench is None]
+    return [of_task(task, [run for run in runs if str(run.task) == task], reading, by_run=by_run)
+            for task in sorted({str(run.task) for run in runs})]
+
+
+def of_task(task: str, runs: list[RunRecord], reading: Reading, *, by_run: bool = False) -> Groups:
+    """``task``'s runs in rows (``group``; one per run when ``by_run``: ``one_per_run``), each run's facts looked up
+    in ``reading`` here, once, to go on with it."""
+    read = [(run, reading[run]) for run in runs]
+    return one_per_run(task, read) if by_run else group(task, read)
 
 
 def group(task: str, read: list[RunRead]) -> Groups:

@@ -69,10 +69,10 @@ def value_of(run: RunRecord, metric: str) -> float | None:
 
 def reference_for(row: Row, refs: list[Row]) -> Row | None:
     """The reference row with the same settings as ``row``, encoding aside (its first run's ``RunFacts.shared``)."""
-    if not row.runs:
+    if not row.facts:
         return None
     core = row.facts[0].shared
-    return next((ref for ref in refs if ref.runs and ref.facts[0].shared == core), None)
+    return next((ref for ref in refs if ref.facts and ref.facts[0].shared == core), None)
 
 
 def add_differences(comparison: Comparison, table: TaskTable, reference: str) -> None:

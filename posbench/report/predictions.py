@@ -17,6 +17,9 @@ from posbench.runs.record import RunRecord
 from posbench.runs.store import PREDICTIONS_FILE
 from posbench.stats import ExampleScores
 
+#: what gives a run's per-example scores from its record and its predictions' rows (a task's ``example_scores``)
+Scorer = Callable[[RunRecord, list[dict[str, Any]]], ExampleScores | None]
+
 
 def predictions_file(run: RunRecord) -> tuple[Path | None, str | None]:
     """The run's predictions file and None; or None and why it is not read: the record names an absolute path,
@@ -37,10 +40,11 @@ def predictions_file(run: RunRecord) -> tuple[Path | None, str | None]:
     return path, None
 
 
-def read_scores(run: RunRecord) -> tuple[ExampleScores | None, str | None]:
+def read_scores(run: RunRecord, scorers: dict[str, Scorer] | None = None) -> tuple[ExampleScores | None, str | None]:
     """The run's per-example scores (its task's ``example_scores`` over its predictions), or None; and the line to
     say when its predictions were refused (a path that leaves the run's folder, a file past its size bound) or
-    could not be read."""
+    could not be read. ``scorers``: task -> its ``scorer``, found once for every run that shares it."""
+    scorers = {} if scorers is None else scorers
     path, refused = predictions_file(run)
     if path is None:
         return None, f"{run.path}: {refused}; paired across seeds only" if refused else None
@@ -52,12 +56,14 @@ def read_scores(run: RunRecord) -> tuple[ExampleScores | None, str | None]:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         return None, f"{run.path}: {path.name} is unreadable ({reason}); paired across seeds only"
     try:
-        return (scorer(str(run.task))(run, rows) if rows else None), None
+        if str(run.task) not in scorers:
+            scorers[str(run.task)] = scorer(str(run.task))
+        return (scorers[str(run.task)](run, rows) if rows else None), None
     except (UserError, OSError, ValueError, KeyError, TypeError, IndexError):
         return None, None      # rows that do not rebuild the task's scores: the table's note says "seeds only"
 
 
-def scorer(task: str) -> Callable[[RunRecord, list[dict[str, Any]]], ExampleScores | None]:
+def scorer(task: str) -> Scorer:
     """What gives a task's per-example scores: a built-in task's ``example_scorer`` module, as the catalog names it
     (no torch), or the task class's ``example_scores`` (a plugin's: its class is imported)."""
     entry = None if beyond_catalog("task") else built_in("task").get(task)

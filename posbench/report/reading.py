@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from posbench.cells import flattened
 from posbench.errors import UserError
@@ -50,6 +51,7 @@ class _Reader:
         self.declared = declared
         self.done: dict[int, RunFacts] = {}
         self.parents: dict[str, RunRecord | None] = {}
+        self.earlier: dict[tuple, dict[str, Any]] = {}     # (encoding, task) -> its earlier values, flat
 
     def facts(self, run: RunRecord) -> RunFacts:
         if id(run) in self.done:
@@ -58,7 +60,10 @@ class _Reader:
         above = self.facts(parent) if parent is not None else None
         counted, earlier = self.declared.settings({section: run.config.section(section) for section in SECTIONS},
                                                   run.schema_version, run.encoding, run.task)
-        found = run_facts(run, parent, above, flattened(counted), flattened(earlier))
+        key = (run.encoding, run.task)
+        if key not in self.earlier:
+            self.earlier[key] = flattened(earlier)
+        found = run_facts(run, parent, above, flattened(counted), self.earlier[key])
         self.done[id(run)] = found
         return found
 

@@ -1,5 +1,5 @@
-"""compare's third step, a task's table: the rows of its runs (``posbench.report.grouping``) each pooled (mean and 95%
-interval over seeds), or one row per run (``--by-run``)."""
+"""compare's third step, a task's table: each row ``posbench.report.grouping`` made of its runs (one per seed, or one
+run: ``--by-run``) pooled, the mean and 95% interval over its seeds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 from posbench.evaluation.metrics import METRICS
 from posbench.report.best import RULE, mark_best
-from posbench.report.grouping import Groups, Members, group, one_per_run
+from posbench.report.grouping import Groups, Members, of_task
 from posbench.report.plateau import still_improving
 from posbench.report.reading import Reading
 from posbench.report.structure import Cell, Row, TaskTable, num
@@ -16,10 +16,9 @@ from posbench.runs.record import RunRecord
 
 def build_table(task: str, runs: list[RunRecord], reading: Reading, *, by_run: bool = False) -> TaskTable:
     """One task's table from its runs, their facts in ``reading`` (``posbench.report.reading``): in rows
-    (``posbench.report.grouping.group``; one per run when ``by_run``) and pooled (``pooled_table``). ``collect``
-    takes the same two steps for every task of a tree."""
-    read = [(run, reading[run]) for run in runs]
-    return pooled_table(one_per_run(task, read) if by_run else group(task, read))
+    (``posbench.report.grouping.of_task``; one per run when ``by_run``) and pooled (``pooled_table``), the two steps
+    ``collect`` takes for every task of a tree (``grouping.by_task``)."""
+    return pooled_table(of_task(task, runs, reading, by_run=by_run))
 
 
 def pooled_table(groups: Groups) -> TaskTable:
