@@ -82,20 +82,25 @@ def kind_facts(kind: str) -> dict[str, dict[str, Any]]:
 
 
 class Declarations:
-    """Every declaration's facts, read once (built-in ones from the catalog, any other from its class): ``kinds``,
-    every encoding's, method's and task's own (kind -> name -> facts); ``facts``, which settings count across them
-    all, with the model's, training's and the benchmark's (``SettingFacts``); and, per record, ``earlier`` and
-    ``settings``, what ``compare`` and ``--resume`` ask of them."""
+    """Every declaration's facts, each kind's read once when first asked for (built-in ones from the catalog, any
+    other from its class: ``of_kind``): ``facts``, which settings count across them all, with the model's,
+    training's and the benchmark's (``SettingFacts``); and a record's ``earlier`` values. What ``compare``,
+    the claims and ``--resume`` ask of the declarations."""
 
     def __init__(self) -> None:
-        self.kinds = {kind: kind_facts(kind) for kind in CLASS_KINDS}
-        self._earlier: dict[tuple, dict[str, dict[str, Any]]] = {}
+        self._kinds: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def of_kind(self, kind: str) -> dict[str, dict[str, Any]]:
+        """name -> the facts of every registered class of ``kind`` (``kind_facts``), read once."""
+        if kind not in self._kinds:
+            self._kinds[kind] = kind_facts(kind)
+        return self._kinds[kind]
 
     @cached_property
     def facts(self) -> SettingFacts:
         found = [("model", "ModelConfig", catalog.MODEL), ("train", "TrainConfig", catalog.TRAIN)]
         for kind in CLASS_KINDS:
-            found += [(SYNONYMS.get(kind, kind), name, facts) for name, facts in self.kinds[kind].items()]
+            found += [(SYNONYMS.get(kind, kind), name, facts) for name, facts in self.of_kind(kind).items()]
         return merged([*found, ("task", "Bench", catalog.BENCH)])
 
     def earlier(self, encoding: str | None, task: str | None) -> dict[str, dict[str, Any]]:
@@ -103,20 +108,11 @@ class Declarations:
         without them, each at the value those runs had (``Added.before``; T5's ``table_init``: x-transformers'
         before issue 47, T5's own since), from the declarations of a record's own classes: its encoding's options
         are its own (two encodings may declare one name, only one of them as added), and so are its task's. An
-        encoding or task no registry holds gives nothing for its section. Found once per encoding and task."""
-        key = (encoding, task)
-        if key not in self._earlier:
-            owners = {"model": catalog.MODEL, "train": catalog.TRAIN, "encoding": self.kinds["encoding"].get(encoding),
-                      "task": self.kinds["task"].get(task)}
-            self._earlier[key] = {section: {name: before for name, (_, before) in facts["added"].items()}
-                                  for section, facts in owners.items() if facts is not None}
-        return self._earlier[key]
-
-    def settings(self, sections: dict[str, dict[str, Any]], schema_version: int, encoding: str | None,
-                 task: str | None) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-        """A record's settings by section that set it apart (``SettingFacts.counted``), and its ``earlier``
-        values."""
-        return self.facts.counted(sections, schema_version), self.earlier(encoding, task)
+        encoding or task no registry holds gives nothing for its section."""
+        owners = {"model": catalog.MODEL, "train": catalog.TRAIN, "encoding": self.of_kind("encoding").get(encoding),
+                  "task": self.of_kind("task").get(task)}
+        return {section: {name: before for name, (_, before) in facts["added"].items()}
+                for section, facts in owners.items() if facts is not None}
 
 
 def declared_facts() -> SettingFacts:

@@ -78,6 +78,13 @@ def mean_stderr(values: list[float]) -> float | None:
     return math.sqrt(var / n)
 
 
+def length_factor(length: int, train: int) -> str:
+    """A length as a multiple of the training length, as a metric's name writes it (``acc_2x``, ``ruler_1.5x``):
+    ``2`` for 2.0, ``1.5``; ``0`` when the training length is unknown (0)."""
+    f = length / train if train else 0
+    return str(int(f)) if f == int(f) else f"{f:g}"
+
+
 def as_number(x: Any) -> Any:
     """A value read from JSON as a number compare can use: an integer beyond float64's range (the JSON integer 1
     followed by 400 zeros) is an infinity of its sign, like the float 1e400; lists element by element; anything

@@ -116,9 +116,8 @@ def models_table(reading: Reading, runs: list[RunRecord]) -> TaskTable:
              "extension (extend) is a model of its own; a row's runs of one task are averaged"]
     for task, fps in variants.items():
         if len(fps) > 1:
-            task_runs = [[r for r in evaluations if str(r.task) == task and reading[r].evaluation == fp][:1]
-                         for fp in fps]
-            apart, _ = grouping.distinguishing([(g[0], reading[g[0]]) for g in task_runs])
+            firsts = [next(r for r in evaluations if str(r.task) == task and reading[r].evaluation == fp) for fp in fps]
+            apart, _ = grouping.distinguishing([(run, reading[run]) for run in firsts])
             for i, a in enumerate(apart):
                 shown = [f"{k}={grouping.show(v)}" for k, v in a.items()
                          if not k.startswith(("encoding.", "model.")) and k != "init"]

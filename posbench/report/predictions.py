@@ -56,9 +56,10 @@ def read_scores(run: RunRecord, scorers: dict[str, Scorer] | None = None) -> tup
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         return None, f"{run.path}: {path.name} is unreadable ({reason}); paired across seeds only"
     try:
-        if str(run.task) not in scorers:
-            scorers[str(run.task)] = scorer(str(run.task))
-        return (scorers[str(run.task)](run, rows) if rows else None), None
+        task = str(run.task)
+        if task not in scorers:
+            scorers[task] = scorer(task)
+        return (scorers[task](run, rows) if rows else None), None
     except (UserError, OSError, ValueError, KeyError, TypeError, IndexError):
         return None, None      # rows that do not rebuild the task's scores: the table's note says "seeds only"
 

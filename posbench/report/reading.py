@@ -1,7 +1,7 @@
 """``compare``'s facts of every run it read (``Reading``), each computed once (``posbench.report.facts``): from the
 run's record, the record of the run it started from (``--init``: each read once), what the declarations say of
 its settings (``posbench.setting_facts.Declarations``, read once: which count, and the earlier values of those added
-later, in one call per run). The steps after this one read these facts and never the records' settings again:
+later, once per encoding and task). The steps after this one read these facts and never the records' settings again:
 grouping takes each run's with it, and its rows hand them on to the tables and the paired differences.
 """
 
@@ -51,19 +51,19 @@ class _Reader:
         self.declared = declared
         self.done: dict[int, RunFacts] = {}
         self.parents: dict[str, RunRecord | None] = {}
-        self.earlier: dict[tuple, dict[str, Any]] = {}     # (encoding, task) -> its earlier values, flat
+        self.earlier: dict[tuple, dict[str, dict[str, Any]]] = {}     # (encoding, task) -> its earlier values
 
     def facts(self, run: RunRecord) -> RunFacts:
         if id(run) in self.done:
             return self.done[id(run)]
         parent = self.parent(run)
         above = self.facts(parent) if parent is not None else None
-        counted, earlier = self.declared.settings({section: run.config.section(section) for section in SECTIONS},
-                                                  run.schema_version, run.encoding, run.task)
+        counted = self.declared.facts.counted({section: run.config.section(section) for section in SECTIONS},
+                                              run.schema_version)
         key = (run.encoding, run.task)
         if key not in self.earlier:
-            self.earlier[key] = flattened(earlier)
-        found = run_facts(run, parent, above, flattened(counted), self.earlier[key])
+            self.earlier[key] = self.declared.earlier(run.encoding, run.task)
+        found = run_facts(run, parent, above, flattened(counted), flattened(self.earlier[key]))
         self.done[id(run)] = found
         return found
 

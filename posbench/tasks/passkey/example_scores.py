@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from posbench.evaluation.outcome import length_factor
 from posbench.stats import ExampleScores, mean_recipe
 
 
@@ -34,13 +35,8 @@ def example_scores(record: Any, predictions: list[dict[str, Any]]) -> ExampleSco
         lengths = [s[0] for s in strata]
         groups = {"accuracy_train_length": [L <= train for L in lengths],
                   "accuracy_beyond": [L > train for L in lengths]}
-        groups.update({f"acc_{factor(L, train)}x": [x == L for x in lengths] for L in set(lengths)})
+        groups.update({f"acc_{length_factor(L, train)}x": [x == L for x in lengths] for L in set(lengths)})
     terms = {"accuracy": correct}
     terms.update({name: np.where(np.array(mask, dtype=bool), correct, np.nan) for name, mask in groups.items()
                   if any(mask)})
     return ExampleScores(keys, strata, terms, {name: mean_recipe(name) for name in terms})
-
-
-def factor(length: int, train: int) -> str:
-    f = length / train
-    return str(int(f)) if f == int(f) else f"{f:g}"

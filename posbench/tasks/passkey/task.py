@@ -36,10 +36,9 @@ from posbench.data.batch import IGNORE_INDEX, Batch, next_token_pair
 from posbench.errors import ConfigError
 from posbench.evaluation import passkey as pk
 from posbench.evaluation.metrics import register_metric
-from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
+from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric, length_factor
 from posbench.options import Bound, Each, OneOf, Option, at_least, between
 from posbench.tasks.corpus_task import TokenizerMixin
-from posbench.tasks.passkey.example_scores import factor
 from posbench.tasks.base import SeededStream, Task, config_hash
 from posbench.train import distributed
 
@@ -256,7 +255,7 @@ class Passkey(TokenizerMixin, Task):
         if beyond:
             metrics["accuracy_beyond"] = self._mean_metric(beyond, trials)
         for L, row in zip(lengths, acc):
-            metrics[f"acc_{factor(L, self.train_length)}x"] = self._mean_metric(row, trials)
+            metrics[f"acc_{length_factor(L, self.train_length)}x"] = self._mean_metric(row, trials)
         return Evaluation(metrics=metrics, primary="accuracy", grids={"accuracy": grid}, predictions=predictions,
                           info={"mode": "grid", "train_length": self.train_length, "lengths": lengths,
                                 "depths": depths, "trials_per_cell": trials, "chance_accuracy_pct": 100 * CHANCE,

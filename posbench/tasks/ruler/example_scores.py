@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from posbench.evaluation.outcome import length_factor
 from posbench.stats import ExampleScores, mean_recipe
 
 
@@ -21,10 +22,5 @@ def example_scores(record: Any, predictions: list[dict[str, Any]]) -> ExampleSco
         terms[name] = np.where([p["kind"] == name for p in predictions], scores, np.nan)
     for length in {int(p["length"]) for p in predictions}:
         mask = [int(p["length"]) == length for p in predictions]
-        terms[f"ruler_{factor(length, train)}x"] = np.where(mask, scores, np.nan)
+        terms[f"ruler_{length_factor(length, train)}x"] = np.where(mask, scores, np.nan)
     return ExampleScores(keys, strata, terms, {name: mean_recipe(name) for name in terms})
-
-
-def factor(length: int, train: int) -> str:
-    f = length / train if train else 0
-    return str(int(f)) if f == int(f) else f"{f:g}"

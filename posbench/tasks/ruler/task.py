@@ -28,13 +28,12 @@ import torch
 
 from posbench.data.batch import IGNORE_INDEX, Batch, next_token_pair
 from posbench.errors import ConfigError
-from posbench.tasks.ruler.example_scores import factor
 from posbench.tasks.ruler.examples import data_spec, eval_seed, make_example, train_seed
 from posbench.tasks.ruler.kinds import KINDS, defaults
 from posbench.tasks.ruler.scoring import prediction_record
 from posbench.tasks.ruler.training import training_sequence
 from posbench.evaluation.metrics import register_metric
-from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric
+from posbench.evaluation.outcome import Axis, Evaluation, Grid, Metric, length_factor
 from posbench.options import Each, OneOf, Option, at_least, between, positive
 from posbench.tasks.corpus_task import TokenizerMixin
 from posbench.tasks.base import SeededStream, Task, config_hash
@@ -210,7 +209,7 @@ class Ruler(TokenizerMixin, Task):
                                      "metric": "string_match_all x100"})
             metrics[kind] = metric([s for line in table for c in line for s in c])
         for length in lengths:
-            metrics[f"ruler_{factor(length, self.train_length)}x"] = metric(
+            metrics[f"ruler_{length_factor(length, self.train_length)}x"] = metric(
                 [s for (k, L, _), c in cells.items() if L == length for s in c])
         everything = [100.0 * row["score"] for row in rows]
         metrics = {"ruler": metric(everything), **metrics}
