@@ -120,3 +120,19 @@ def test_grid_prompts_at_1x_are_drawn_from_the_training_distribution(monkeypatch
         trained = builder.build(stream.length - answer_len, depth, key)     # how make_batch builds an example
         assert grid.prompt_ids == trained.prompt_ids and grid.key_position == trained.key_position
     assert TASKS["passkey"].version == 2 and config.task_version == 2
+
+
+def test_per_example_scores_of_a_record_without_its_training_length_name_their_columns_and_do_not_stop():
+    """A grid record whose evaluation lacks ``train_length`` (hand-edited, or a hostile folder): the per-example
+    scores still come back, the length columns named as a training length of 0 names them (``acc_0x``), where the
+    division by it stopped ``compare --against``."""
+    from types import SimpleNamespace
+
+    from posbench.evaluation.outcome import length_factor
+    from posbench.tasks.passkey.example_scores import example_scores
+
+    rows = [{"correct": c, "length": 512, "depth": 0.5, "key": k} for k, c in ((1, True), (2, False))]
+    scores = example_scores(SimpleNamespace(evaluation={"mode": "grid"}), rows)
+    assert scores.terms["accuracy"].tolist() == [100.0, 0.0]
+    assert "acc_0x" in scores.terms and "accuracy_beyond" in scores.terms
+    assert [length_factor(512, 256), length_factor(384, 256), length_factor(512, 0)] == ["2", "1.5", "0"]
