@@ -195,7 +195,7 @@ def integer(where: str, value: Any) -> int:
 def _exact(where: str, value: Any, kind: str) -> int | float:
     """A number as given: an integer (or text of a whole number: ``1_000``, ``3.0``, ``1e3``) exactly, else a float;
     a whole number far beyond 64 bits is refused before it is built (``1e999999999``)."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (isinstance(value, str) and not value.isascii()):    # (int("٣") is 3)
         raise OptionError(f"{where}={value!r}: expected {kind}")
     if isinstance(value, int):
         return value
@@ -208,10 +208,14 @@ def _exact(where: str, value: Any, kind: str) -> int | float:
             written = decimal.Decimal(value)
         except (decimal.InvalidOperation, ValueError):
             written = None
-        if written is not None and written.is_finite() and written == written.to_integral_value():
-            if written.adjusted() > 19:                    # over 20 digits: no 64-bit integer, whatever it is
+        if written is not None and written.is_finite():
+            if written != written.to_integral_value():     # 3.0000000000000000001 is no integer, as a float is
+                if kind == "an integer":
+                    raise OptionError(f"{where}={shown(value)}: expected an integer")
+            elif written.adjusted() > 19:                  # over 20 digits: no 64-bit integer, whatever it is
                 raise OptionError(f"{where}={shown(value)} is out of range: {BEYOND_64_BITS}")
-            return int(written)
+            else:
+                return int(written)
     if not isinstance(value, float):
         try:
             return operator.index(value)                   # an integer of another kind (NumPy's)
@@ -227,7 +231,7 @@ def shown(value: Any, most: int = 40) -> str:
 
 
 def _number(where: str, value: Any, kind: str) -> float:
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (isinstance(value, str) and not value.isascii()):
         raise OptionError(f"{where}={value!r}: expected {kind}")
     try:
         return float(value)
@@ -236,9 +240,11 @@ def _number(where: str, value: Any, kind: str) -> float:
 
 
 def check(where: str, value: Any, limit: Limit | None) -> None:
-    """Refuse ``value`` outside ``limit`` (None values and missing limits pass)."""
+    """Refuse ``value`` outside ``limit`` (None values pass), and a number that is not finite without one."""
     if limit is not None and value is not None and not limit.admits(value):
         raise OptionError(f"{where}={value!r} is out of range: it must be {limit.describe()}")
+    if limit is None and isinstance(value, float) and not math.isfinite(value):
+        raise OptionError(f"{where}={value!r} is out of range: it must be finite")
 
 
 def typed(where: str, value: Any, default: Any, limit: Limit | None = None) -> Any:

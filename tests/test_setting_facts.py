@@ -4,6 +4,8 @@ compare's grouping reads them from there (``posbench.setting_facts``), for a plu
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from posbench import report
@@ -23,7 +25,8 @@ ADDED = {"train.checkpointing": False,
          "model.head_mlp": False, "model.recurrences": 1, "model.eval_recurrences": 0, "model.input_injection": False,
          "model.state_std": 0.0, "model.init_scheme": "normal",
          "encoding.table_init": "x-transformers", "encoding.attention_bias": "none", "encoding.fire_init_l": 0.0,
-         "task.start_token": False}
+         "task.start_token": False,
+         "train.probe_every": 0, "task.probe_tokens": 4096}     # (changes_results=False: for --resume's fill)
 
 
 def test_the_declarations_give_the_sets_grouping_had_by_hand():
@@ -102,3 +105,9 @@ def test_an_earlier_value_is_the_rows_own_encodings(tmp_path):
                                                                                       "fire_init_l": 32.0})
     (table,) = report.collect(tmp_path).tables
     assert sorted(r.label for r in table.rows) == ["dape [encoding.fire_init_l=-]", "dape [encoding.fire_init_l=32]"]
+
+
+def test_the_comparing_page_names_every_setting_that_changes_no_result():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "comparing.md").read_text(encoding="utf-8")
+    missing = [name for name in sorted(declared_facts().ignored) if f"`{name}`" not in page]
+    assert not missing, f"docs/comparing.md does not list {missing} among the settings compare pools over"

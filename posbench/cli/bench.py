@@ -47,10 +47,11 @@ def bench(
     out_dir = Path("results") if out_dir is None else out_dir
     with user_errors():
         given = setting_flags.given(ctx)            # the settings flags, typed (posbench.cli.setting_flags)
-        if any((s.section, s.key) == ("train", "steps") for s in given):
-            raise ConfigError("bench: --steps is train.steps, which bench does not use (it times steps, it trains "
-                              "to no step count); the timed steps per cell are --timed-steps N")
+        _no_train_steps(given, sets)
         if encoding:
+            if any((s.section, s.key) == ("task", "encodings") for s in given) or \
+                    any(item.partition("=")[0].strip() in ("encodings", "task.encodings") for item in sets):
+                raise ConfigError("bench: -e and --encodings are one setting (task.encodings); give one of them")
             given.insert(0, Setting("task", "encodings", split_names(encoding)))
         _lengths_match_batches(given, sets)
         config = resolve_run_config("bench", None, size or "small", device=device, settings=given, sets=sets)
@@ -63,6 +64,17 @@ def bench(
         for line in failures(outcome.record):
             out().print(line, markup=False, highlight=False)
         out().print(f"-> {outcome.run_dir}")
+
+
+def _no_train_steps(given: list, sets: list[str]) -> None:
+    """train.steps, as a flag or ``--set train.steps=N``, is refused: bench trains to no step count."""
+    spelled = next((f"--set {item.strip()}" for item in sets if item.partition("=")[0].strip() == "train.steps"),
+                   None)
+    if any((s.section, s.key) == ("train", "steps") for s in given):
+        spelled = "--steps"
+    if spelled:
+        raise ConfigError(f"bench: {spelled} is train.steps, which bench does not use (it times steps, it trains "
+                          f"to no step count); the timed steps per cell are --timed-steps N")
 
 
 def _lengths_match_batches(given: list, sets: list[str]) -> None:

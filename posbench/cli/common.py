@@ -76,17 +76,23 @@ def show_configs(configs) -> None:
 
 def resume_run(run_dir, *, others: bool, dry_run: bool, device: str, reporter):
     """``--resume DIR`` of run and extend: refuses other flags (``others``); with ``--dry-run`` prints the stored
-    configuration (and whether the run has finished) and returns None; else continues the run, its outcome."""
+    configuration on the device the run would use (and whether the run has finished) and returns None; else
+    continues the run, its outcome."""
     from posbench.runs import runner  # torch: only for what builds or names a class
+    from posbench.train.device import pick_device  # torch: only a resume names a device
 
     if others:
         raise ConfigError("--resume continues a run with its own config; pass only --resume (and optionally --device)")
+    device = None if device == "auto" else device       # None: the run's own
     if dry_run:
-        show_configs([runner.resumed_config(run_dir)])
+        config = runner.resumed_config(run_dir)
+        config.device = device or config.device
+        pick_device(config.device)                      # refused as the run would refuse it
+        show_configs([config])
         if (Path(run_dir) / "result.json").exists():
             err().print(f"{run_dir} has finished: --resume would refuse it", markup=False)
         return None
-    return runner.resume(run_dir, device=None if device == "auto" else device, reporter=reporter)
+    return runner.resume(run_dir, device=device, reporter=reporter)
 
 
 def one_line(exc: BaseException) -> str:

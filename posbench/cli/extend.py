@@ -53,12 +53,13 @@ def extend(
 
     Every setting of the extend task, of train and of model is a flag (below): --length 8192 and --data SOURCE
     (both needed), --scale 2, --steps 100, --lr 2e-5; and so is every option of the method (--tape-gate scalar)."""
-    out_dir = Path("results") if out_dir is None else out_dir
     flags = setting_flags.given(ctx)                   # the settings flags, typed; -l is --length
     with user_errors():
         reporter = progress_reporter(quiet)
-        if resume is not None:
-            others = bool(model or method or sets or logs or flags)
+        if resume is not None:                         # (it continues in its own directory: no --out)
+            others = bool(model or method or preset is not None or seed is not None or out_dir is not None
+                          or sets or logs
+                          or flags)
             outcome = resume_run(resume, others=others, dry_run=dry_run, device=device, reporter=reporter)
             if outcome is None:
                 return
@@ -77,7 +78,8 @@ def extend(
                 show_configs(configs)
                 return
             for config in configs:
-                show(runner.execute(config, out_dir, reporter=reporter, command=["posbench", *sys.argv[1:]]))
+                show(runner.execute(config, out_dir or Path("results"), reporter=reporter,
+                                    command=["posbench", *sys.argv[1:]]))
             return
         show(outcome)
 

@@ -61,17 +61,18 @@ def run(
     (--lr 3e-4, --train-digits 4: the task's own first; 'posbench ls tasks TASK' lists a task's; --theta 500000
     or --rope-theta 500000: 'posbench ls encodings NAME' lists an encoding's).
     With -t TASK and -e NAME, --help lists them all (Settings, below)."""
-    out_dir = Path("results") if out_dir is None else out_dir
     flags = given(ctx)                                 # the settings flags, typed (posbench.cli.setting_flags)
     with user_errors():
         reporter = progress_reporter(quiet)
-        if resume is not None:
-            others = bool(encoding or task or preset or sets or init or seed is not None or seeds is not None or logs
-                          or flags)
+        if resume is not None:                         # (it continues in its own directory: no --out)
+            others = bool(encoding or task or preset is not None or sets or init or seed is not None
+                          or seeds is not None or logs
+                          or flags or out_dir is not None)
             outcome = resume_run(resume, others=others, dry_run=dry_run, device=device, reporter=reporter)
             if outcome is not None:
                 show_outcome(outcome)
             return
+        out_dir = Path("results") if out_dir is None else out_dir
         if task is None:
             raise ConfigError("--task is required ('posbench ls tasks' lists them)")
         if task == "bench":                            # a measurement the runner runs, not a task

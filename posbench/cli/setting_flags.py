@@ -51,28 +51,34 @@ def declarations(task_name: str | None, encodings: Iterable[str] = ()) -> dict[s
     meanings: dict[str, list[tuple[str, str, Any]]] = {}         # flag -> (section, key, option), each meaning
     for section in FLAG_ORDER:
         for key, option in owners[section].items():
-            flag = option.flag or key.replace("_", "-")
+            flag = flag_of(key, option)
             if not option.from_task and flag not in meanings:              # the task's own first
                 meanings[flag] = [(section, key, option)]
     registry = task.model_source.encodings() if task is not None and encodings else {}
     chosen = {name: {key: option for key, option in declared(registry[name]).items() if not option.from_task}
               for name in encodings if registry.get(name) is not None}      # what the task gives: no flag
+    plain: dict[str, list[tuple[str, str, Any]]] = {}            # --FLAG -> each chosen encoding's option of it
     for name, options in chosen.items():
         for key, option in options.items():
-            meanings.setdefault(f"{name}-{key}".replace("_", "-"), []).append((ONE_ENCODING + name, key, option))
-    for key in dict.fromkeys(key for options in chosen.values() for key in options):
-        flag = key.replace("_", "-")
+            flag = flag_of(key, option)
+            meanings.setdefault(f"{name.replace('_', '-')}-{flag}", []).append((ONE_ENCODING + name, key, option))
+            plain.setdefault(flag, []).append((ONE_ENCODING + name, key, option))
+    for flag, owned in plain.items():
         if flag in meanings and meanings[flag][0][0] in FLAG_ORDER:
             continue                                  # a task, train or model setting's flag, whatever -e says
-        owned = [(ONE_ENCODING + name, key, options[key]) for name, options in chosen.items() if key in options]
-        if len({reading(option) for _, _, option in owned}) == 1:      # one flag for every encoding declaring it
-            owned = [("encoding", key, owned[0][2])]
-        meanings.setdefault(flag, []).extend(owned)                    # (else one name, two types: two meanings)
+        if len({(key, reading(option)) for _, key, option in owned}) == 1:   # one flag for every encoding with it
+            owned = [("encoding", owned[0][1], owned[0][2])]
+        meanings.setdefault(flag, []).extend(owned)   # (else one name, two keys or types: two meanings)
     found = {flag: owned[0] for flag, owned in meanings.items() if len(owned) == 1}
     refused = {flag: (AMBIGUOUS, "", Ambiguous(ambiguity(flag, owned, found, chosen),
                                                all(true_or_false(option) for *_, option in owned)))
                for flag, owned in meanings.items() if len(owned) > 1}
     return found | refused
+
+
+def flag_of(key: str, option: Any) -> str:
+    """A setting's flag name (without ``--``): its ``flag``, else its key with dashes."""
+    return option.flag or key.replace("_", "-")
 
 
 def reading(option: Any) -> tuple:
@@ -210,6 +216,7 @@ class SettingFlags(TyperCommand):
     in ``ctx.meta``: the command object is shared by every command line the process reads."""
 
     choosers: ClassVar[tuple[str, ...]] = ()        # the options (``dest`` names) that decide which flags there are
+    directories: ClassVar[tuple[str, ...]] = ("out_dir", "resume")   # options naming a directory: never empty text
     short_flags: ClassVar[dict[str, str]] = {}
     hidden_flags: ClassVar[tuple[str, ...]] = ()
     flags_panel: ClassVar[str] = "Settings"
@@ -266,6 +273,9 @@ class SettingFlags(TyperCommand):
         def parse_args(args: list[str]) -> Any:
             opts, rest, order = parse(args=args)
             ctx.meta[ORDER] = list(order)
+            for param in order:         # "" would be read as the path ".": the current directory, in silence
+                if param.name in self.directories and opts.get(param.name) == "" and not ctx.resilient_parsing:
+                    raise typer.BadParameter("empty text (for the current directory: .)", ctx=ctx, param=param)
             return opts, rest, order
 
         parser.parse_args = parse_args

@@ -11,8 +11,10 @@ Every task with lengths records its metric over a length axis (a grid whose ``me
   (the mean over lengths up to the training length; arithmetic: every cell whose longer operand is at most the
   trained digits); a length holds when its accuracy is at least ``tau`` times the reference, ``tau`` = ``TAU``
   (0.9) by default: a tenth lost, a relative threshold as for perplexity, so that a small model is judged against
-  itself. ``eff_len_abs`` applies an absolute threshold instead, ``ABSOLUTE`` (85.6%: RULER's, the score of
-  Llama-2-7B at 4K tokens, which RULER's README takes as the bar), for comparison with RULER's tables.
+  itself. A run whose in-distribution accuracy is 0 has no relative effective length (nothing to hold: every
+  length would hold against 0, and a run that fails everywhere would rank longest). ``eff_len_abs`` applies an
+  absolute threshold instead, ``ABSOLUTE`` (85.6%: RULER's, the score of Llama-2-7B at 4K tokens, which RULER's
+  README takes as the bar), for comparison with RULER's tables.
 
 The effective length is the longest evaluated length ``L`` such that **every** evaluated length from the
 training length up to ``L`` holds (the metric *stays* within the tolerance), divided by the training length:
@@ -97,8 +99,11 @@ def curves(run: Any) -> dict[str, LengthCurve]:
 
 
 def effective(curve: LengthCurve, tolerance: Tolerance, absolute: bool = False) -> float | None:
-    """The effective length of the module docstring, in multiples of the trained length (None: no reference)."""
+    """The effective length of the module docstring, in multiples of the trained length (None: no reference, or
+    an accuracy of 0 to hold)."""
     if not (math.isfinite(curve.reference) and curve.trained > 0):
+        return None
+    if curve.higher_is_better and curve.reference <= 0 and not absolute:     # an accuracy of 0: nothing to hold
         return None
     if absolute:
         holds = [v >= tolerance.absolute for v in curve.values]

@@ -2,14 +2,17 @@
 ``resolve_run_config``: the declared defaults < the task's preset < the ``--init`` model < the typed ``settings``
 (the flags) < the ``sets`` text (``--set section.key=value``, or a bare ``key=value`` when one section alone has the
 key) < the task's adjustments and the encoding options only the task gives; then every section through its one
-check. The sections are ``posbench.options``'s; ``model`` lacks ``vocab_size`` and ``encoding`` (the task and
-``--encoding`` set them). Errors are one line (``ConfigError``).
+check. A flag or ``--set`` is never overruled in silence: one the task's adjustments would change
+(``Task.follows``), or a model setting an ``--init`` model would not build, is refused. The sections are
+``posbench.options``'s; ``model`` lacks ``vocab_size`` and ``encoding`` (the task and ``--encoding`` set them).
+Errors are one line (``ConfigError``).
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
+import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -18,7 +21,7 @@ from posbench.bench import Bench
 from posbench.errors import ConfigError
 from posbench.loggers import validate
 from posbench.model.attention import check_encoding_backend
-from posbench.model.config import RENAMED, ModelConfig, check_passes
+from posbench.model.config import RENAMED, ModelConfig, check_passes, current_names
 from posbench.options import ONE_ENCODING, RECORDED_SECTIONS, SECTIONS, SYNONYMS, Option, Setting
 from posbench.runs.init import InitSource, resolve_init
 from posbench.runs.run_config import RunConfig
@@ -30,6 +33,11 @@ __all__ = ["ConfigError", "RunConfig", "Setting", "resolve_run_config", "with_so
 
 MAX_SEED = 2**32 - 1                    # NumPy's seeds: 0 .. 2**32 - 1
 MODEL_KEYS_EXCLUDED = ("vocab_size", "encoding", "encoding_options")
+#: the model settings an ``--init`` model (extend's ``--model``) takes from the flags: its attention backend, the
+#: training length its task evaluates from, and (a posbench model) its passes at evaluation; the rest, its
+#: architecture, is its own
+INIT_READS = ("attention", "max_seq_len", "eval_recurrences")
+PRETRAINED_READS = ("attention", "max_seq_len")
 
 
 BENCH = "bench"
@@ -128,7 +136,9 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
     given = [*for_encoding(settings, encoding, sections["encoding"], task_cls.model_source.encodings()),
              *read_settings(sections, [parse_assignment(item) for item in sets], options=options)]
     apply_settings(sections, given)
+    refuse_unused(source, given, init_flag)
     task_cls.adjust(sections, source)
+    refuse_followed(task_cls, given, sections)
     fill_task_context(task_cls, encoding, encoding_cls, sections, {(s.section, s.key) for s in given})
     checked = check_sections(task_cls, encoding_cls, sections)
     return RunConfig(task=task, encoding=encoding, preset=preset, task_version=task_cls.version,
@@ -156,6 +166,31 @@ def for_encoding(settings: Sequence[Setting], encoding: str | None, keys: Any, r
     return kept
 
 
+def refuse_unused(source: InitSource | None, given: Sequence[Setting], init_flag: str) -> None:
+    """Model settings given (each one's last value) for an ``--init`` model that it would not build: its
+    architecture is its own (``INIT_READS``; a pretrained model's, ``PRETRAINED_READS``)."""
+    if source is None:
+        return
+    own = current_names(source.model) if source.is_posbench else {}
+    reads = INIT_READS if source.is_posbench else PRETRAINED_READS
+    unused = [f"model.{key}={value!r}" + (f" (its {own[key]!r})" if key in own else "")
+              for (section, key), value in {(s.section, s.key): s.value for s in given}.items()
+              if section == "model" and key not in reads and (key not in own or own[key] != value)]
+    if unused:
+        what = "a posbench model" if source.is_posbench else f"a pretrained {source.label} model"
+        raise ConfigError(f"{init_flag} {source.given} is {what} of its own architecture: {', '.join(unused)} "
+                          f"would be recorded and not built; leave {'it' if len(unused) == 1 else 'them'} out")
+
+
+def refuse_followed(task_cls: Any, given: Sequence[Setting], sections: dict[str, dict[str, Any]]) -> None:
+    """A setting given (its last value) that the task's ``adjust`` set from another (``Task.follows``)."""
+    for (section, key), value in {(s.section, s.key): s.value for s in given}.items():
+        follows = getattr(task_cls, "follows", {}).get(f"{section}.{key}")
+        if follows and as_recorded(sections[section][key]) != as_recorded(value):
+            raise ConfigError(f"{section}.{key}={value!r}: task '{task_cls.name}' sets it from {follows} (to "
+                              f"{sections[section][key]!r} here); leave it out, or set {follows}")
+
+
 class Start(NamedTuple):
     """What a run's settings start from, before the command line's: the sections' values (defaults < preset <
     ``--init`` model) and their declarations."""
@@ -173,7 +208,7 @@ def starting_point(task: str, encoding: str | None, preset: str | None, init: st
                    init_flag: str = "--init") -> Start:
     """The ``Start`` of a run of ``task`` with ``encoding`` from ``preset`` (None: the task's) and ``init``."""
     task_cls = task_class(task)
-    preset = preset or task_cls.default_preset
+    preset = task_cls.default_preset if preset is None else preset
     chosen = preset_of(task_cls, preset)
     source = resolve_init(init, init_flag) if init is not None else None
     models = task_cls.model_source
@@ -250,7 +285,8 @@ def with_source(config: RunConfig) -> RunConfig:
 
 def check_recorded(config: RunConfig, where: str) -> None:
     """A recorded config (``--resume``) through a new one's checks, each failure one line naming ``where``: field
-    types, sections holding only declared settings, ``check_sections`` and ``adjust`` (on copies)."""
+    types, the encoding its model has, sections holding every declared setting and no other, each as a run records
+    it (``"5"`` is not ``5``), ``check_sections`` and ``adjust`` (on copies), the label the run's names make."""
     def refuse(what: str) -> ConfigError:
         return ConfigError(f"{where}: {what}; it cannot be run again as recorded")
 
@@ -270,8 +306,13 @@ def check_recorded(config: RunConfig, where: str) -> None:
     if config.task_version != getattr(task_cls, "version", 1):
         raise refuse(f"it ran version {config.task_version} of task '{config.task}', and this posbench has version "
                      f"{getattr(task_cls, 'version', 1)} (docs/tasks.md); resume it with the posbench that started it")
-    encoding_cls = (task_cls.model_source.encodings().get(config.encoding) if config.encoding is not None
-                    else None)
+    try:
+        encoding = task_cls.model_source.choose_encoding(config.encoding, config.source)
+    except ConfigError as exc:
+        raise refuse(f"'encoding' is {config.encoding!r}: {exc}") from None
+    if encoding != config.encoding:
+        raise refuse(f"'encoding' is {config.encoding!r}, and its model's is {encoding!r}")
+    encoding_cls = task_cls.model_source.encodings().get(encoding) if encoding is not None else None
     declared = section_options(task_cls, encoding_cls)
     sections = {}
     for section, key in RECORDED_SECTIONS.items():
@@ -285,7 +326,22 @@ def check_recorded(config: RunConfig, where: str) -> None:
                          f"declares (a record of a newer posbench, or edited?)")
         sections[section] = copy.deepcopy(values)
     try:
-        check_sections(task_cls, encoding_cls, sections)
+        checked = check_sections(task_cls, encoding_cls, sections)
         task_cls.adjust(copy.deepcopy(sections), config.source)
     except ConfigError as exc:
         raise refuse(str(exc)) from None
+    checked["train"] = checked["train"].to_dict()
+    for section, values in checked.items():         # every setting recorded, each as a run records it
+        for key, value in values.items():
+            if key not in sections[section]:
+                raise refuse(f"it lacks {section}.{key}")
+            if as_recorded(sections[section][key]) != as_recorded(value):
+                raise refuse(f"{section}.{key} is {sections[section][key]!r}, where a run records {value!r}")
+    label = task_cls.label_for(encoding, config.source, checked["task"])
+    if config.label != label:
+        raise refuse(f"'label' is {config.label!r}, where its encoding and model make it {label!r}")
+
+
+def as_recorded(value: Any) -> str:
+    """A value as config.json writes it: its JSON text (``5``, ``5.0`` and ``"5"`` differ)."""
+    return json.dumps(value, sort_keys=True)

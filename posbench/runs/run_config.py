@@ -60,7 +60,8 @@ class RunConfig:
         if isinstance(values.get("source"), dict):
             values["source"] = InitSource.from_dict(values["source"])
         values.setdefault("encoding", None)
-        values["task_version"] = values.get("task_version") or 1      # written before tasks had versions: 1
+        if not earlier_values or "task_version" not in values:         # a resume checks one written as it is
+            values["task_version"] = values.get("task_version") or 1  # written before tasks had versions: 1
         if earlier_values:
             with_earlier_values(values)
         return cls(**values)

@@ -15,7 +15,7 @@ import copy
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -311,7 +311,7 @@ def resume(run_dir: Path | str, *, device: str | None = None, reporter: Any = No
     def read() -> RunConfig:
         if (run_dir / RESULT_FILE).exists():
             raise ResultError(f"{run_dir} has already finished (result.json exists); start a new run instead")
-        return with_source(resumed_config(run_dir))
+        return resumed_config(run_dir)
 
     with distributed.peers_watched():
         config = distributed.run_on_main(read)
@@ -327,11 +327,16 @@ def resumed_config(run_dir: Path | str) -> RunConfig:
     run_dir = Path(run_dir)
     where = run_dir / "config.json"
     stored = read_config(run_dir)
+    unknown = sorted(set(stored["config"]) - {field.name for field in fields(RunConfig)})
+    if unknown:
+        raise ResultError(f"{where}: {', '.join(unknown)} is not a field of a run config this posbench records "
+                          f"(a record of another posbench version, or edited?); it cannot be run again as recorded")
     try:
         config = RunConfig.from_dict(stored["config"], earlier_values=True)
     except TypeError as exc:
         raise ResultError(f"{where} is not a posbench run config ({exc})") from None
     for field in ("task", "label"):
         check_name(getattr(config, field), f"{where}: the run's {field}", ResultError)
+    config = with_source(config)
     check_recorded(config, str(where))
     return config

@@ -66,7 +66,7 @@ def expand(study: Study) -> list[Cell]:
     for axis in study.tasks:
         task_cls = TASKS.get(axis.name)
         for preset in axis.presets:
-            preset = preset or task_cls.default_preset
+            preset = task_cls.default_preset if preset is None else preset
             expected = (preset_of(task_cls, preset).get("expected") or {}).get("seconds")
             for variant, variant_sets in study.variants.items():
                 for encoding in axis.encodings:       # the same for every seed: resolved once

@@ -129,6 +129,9 @@ class Runnable(Configurable):
     #: the module whose ``example_scores(record, predictions)`` gives ``example_scores`` (None: none): a module
     #: without torch, so that ``compare --against`` pairs a built-in task's runs without importing its class
     example_scorer: ClassVar[str | None] = None
+    #: the settings ``adjust`` sets from another (``{"model.max_seq_len": "task.train_length"}``): a flag or
+    #: ``--set`` giving one a value that ``adjust`` then changes is refused, naming the other
+    follows: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config):
         """``config``: the run's ``posbench.runs.run_config.RunConfig``; ``source``: what its ``--init`` resolved to

@@ -40,10 +40,26 @@ def build_model(task: Any) -> tuple[nn.Module, dict[str, Any] | None]:
         from posbench.hf.export import read_export  # transformers: only an export's --init needs it
 
         exported = read_export(source.model_dir)
-        model.load_state_dict(exported.state_dict)
+        fitted(lambda: model.load_state_dict(exported.state_dict), source, model_dict)
         record["checkpoint_sha256"] = exported.meta.get("source", {}).get("checkpoint_sha256")
         return model, record
     weights = source.weights
-    load_weights(model, weights)
+    fitted(lambda: load_weights(model, weights), source, model_dict)
     record["checkpoint_sha256"] = sha256_file(weights) if weights.is_file() else None
     return model, record
+
+
+def fitted(load: Any, source: Any, model: dict[str, Any]) -> None:
+    """``load()`` the ``--init`` weights; weights of other shapes than the settings build (``--d-model`` against
+    the init model's) are one line naming the settings that differ from the init model's."""
+    try:
+        load()
+    except RuntimeError as exc:
+        if "size mismatch" not in str(exc):
+            raise
+        own = current_names(source.model)
+        differ = [f"model.{key}={value!r} (its {own[key]!r})" for key, value in model.items()
+                  if key in own and own[key] != value and key != "encoding_options"]
+        settings = f" ({', '.join(differ)})" if differ else ""
+        raise ConfigError(f"--init {source.given}: its weights do not fit the model these settings build{settings}; "
+                          f"leave the model's shape to it") from None

@@ -27,7 +27,8 @@ from posbench.tasks.base import IndexedStream, Task
 BPE_TRAIN_CHARS = 2_000_000
 #: the length probe's sample (``posbench.evaluation.length_probe``), shared by every corpus task
 PROBE_TOKENS = Option(4096, "held-out tokens the in-training probe (train.probe_every) scores at each evaluation "
-                      "length; at least the longest length", at_least(2), changes_results=False)
+                      "length; at least the longest length", at_least(2), changes_results=False,
+                      added=Added(2, 4096))
 
 
 def init_tokenizer(source) -> Tokenizer:

@@ -41,7 +41,8 @@ class TrainConfig:
     log_every: int = option(50, "steps between reads of the loss from the device (and plain progress lines)",
                             at_least(1), changes_results=False)
     probe_every: int = option(0, "steps between probes of the task's in-distribution metric during training (0: "
-                              "none; a task without a probe ignores it)", at_least(0), changes_results=False)
+                              "none; a task without a probe ignores it)", at_least(0), changes_results=False,
+                              added=Added(2, 0))
     precision: str = option("auto", "auto (bf16 autocast on CUDA, fp32 elsewhere), fp32 or bf16", OneOf(PRECISIONS))
     compile: Any = option("auto", "torch.compile: auto (on for CUDA, off elsewhere), true or false", Switch(),
                           changes_results=False)

@@ -266,7 +266,7 @@ def test_the_documented_contract_tests_pass_on_the_documented_encoding_and_task(
     modules = []
     try:
         for file in ("learned.py", "copy_task.py", "test_learned.py"):
-            module = types.ModuleType(f"doc_{file[:-3]}")
+            module = types.ModuleType(file[:-3])        # as named: test_learned.py imports the other two
             sys.modules[module.__name__] = module
             modules.append(module)
             exec(compile(readme_example(file), str(README), "exec"), module.__dict__)

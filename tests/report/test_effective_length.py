@@ -46,6 +46,15 @@ def test_accuracy_relative_and_absolute():
     assert effective(weak, Tolerance(), absolute=True) == 0.0           # never at RULER's bar
 
 
+def test_an_accuracy_of_zero_in_distribution_has_no_relative_effective_length():
+    """Every length holds against 0 (0 >= 0.9 x 0): a run that fails everywhere would rank longest."""
+    failed = LengthCurve([256, 512, 1024], [0.0, 0.0, 0.0], 256, True, 0.0)
+    assert effective(failed, Tolerance()) is None
+    assert effective(failed, Tolerance(), absolute=True) == 0.0        # the absolute bar still judges it
+    barely = LengthCurve([256, 512, 1024], [2.0, 0.0, 0.0], 256, True, 2.0)
+    assert effective(barely, Tolerance()) == 1.0
+
+
 def test_compare_adds_the_columns_from_each_task(tmp_path):
     for seed, values in enumerate(([10, 10.5, 12, 10.9], [10, 10.2, 10.8, 10.9], [10, 11.5, 12, 13])):
         make_run(tmp_path, "perplexity", "rope", seed, {"ppl_8x": values[-1]}, grids=ppl_grid(values))

@@ -64,6 +64,8 @@ class Extend(CorpusTask):
     model_source = EXTENDED_LLAMA                          # the pretrained Llama with its method (source.py)
 
     # ---- configuration ---------------------------------------------------------------------------------------
+    follows = {"model.max_seq_len": "task.length"}
+
     @classmethod
     def adjust(cls, sections, source) -> None:
         """The training length is the new context length."""

@@ -128,6 +128,8 @@ class Passkey(TokenizerMixin, Task):
     }
 
     # ---- configuration ---------------------------------------------------------------------------------
+    follows = {"model.max_seq_len": "task.train_length"}
+
     @classmethod
     def adjust(cls, sections, source) -> None:
         """``task.train_length`` (when set) is the model's training length; the longest prompt the settings ask

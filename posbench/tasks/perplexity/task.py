@@ -48,6 +48,8 @@ class Perplexity(CorpusTask):
                              at_least(0)),
     }
 
+    follows = {"train.steps": "task.init_steps"}         # with --init: a checkpoint is evaluated as is
+
     @classmethod
     def adjust(cls, sections, source) -> None:
         """A checkpoint (``--init``) is evaluated as is unless ``task.init_steps`` asks for training."""

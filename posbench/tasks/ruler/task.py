@@ -101,6 +101,8 @@ class Ruler(TokenizerMixin, Task):
     }
 
     # ---- configuration ---------------------------------------------------------------------------------
+    follows = {"model.max_seq_len": "task.train_length"}
+
     @classmethod
     def adjust(cls, sections, source) -> None:
         """``task.train_length`` (when set) is the model's training length."""
