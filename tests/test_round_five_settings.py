@@ -17,24 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import cli, one_error_line
 from posbench.cli import main
 from posbench.errors import ConfigError
 from posbench.options import Option, OptionError, integer, resolve, whole_or_fraction
 from posbench.runs.config import section_options
 from posbench.tasks import TASKS
 from posbench.tasks.build_model import fitted
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
 
 
 @pytest.mark.parametrize("text", ["3.0000000000000000001", "0.99999999999999999999", "1e-400", "-1e-30", "2.5"])

@@ -16,8 +16,8 @@ import json
 
 import pytest
 
+from cli_helpers import cli
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
-from posbench.cli import main
 from posbench.encodings import ENCODINGS, PositionalEncoding
 from posbench.options import Option, at_least
 from posbench.runs import runner
@@ -25,12 +25,6 @@ from posbench.runs.config import resolve_run_config
 from posbench.train import StopTraining
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def one_error(capsys, *argv) -> str:

@@ -22,18 +22,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli_helpers import cli
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 from posbench.cli import main
 from tests.hf.test_hf_export import fake_run     # a run directory of a tiny model with large weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def one_error(capsys, *argv) -> str:

@@ -11,27 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from posbench.cli import main
 from posbench.runs import runner
 from posbench.runs.config import resolve_run_config
 from posbench.runs.run_config import RunConfig
 from posbench.train import StopTraining
 
+from cli_helpers import cli, one_error_line
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
+from tests.runs.test_round_four_records import edited_copy     # a copy of a run with its config.json edited
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +36,6 @@ def started(tmp_path_factory) -> Path:
         runner.execute(cfg, root / "runs", callbacks=(kill,))
     run = next((root / "runs" / "arithmetic" / "rope").iterdir())
     assert not (run / "checkpoint").exists()
-    return run
-
-
-def edited_copy(started: Path, tmp_path: Path, edit) -> Path:
-    run = tmp_path / "runs" / "arithmetic" / "rope" / started.name
-    shutil.copytree(started, run)
-    stored = json.loads((run / "config.json").read_text())
-    edit(stored["config"])
-    (run / "config.json").write_text(json.dumps(stored))
     return run
 
 

@@ -21,30 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from posbench.cli import main
 from posbench.runs import runner
 from posbench.runs.config import resolve_run_config
 from posbench.train import StopTraining
 
+from cli_helpers import cli, one_error_line
 from encoding_helpers import one_thread  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = ["-t", "arithmetic", "-p", "tiny", "--steps", "4", "--set", "task.eval_samples=4", "--set", "train.threads=1",
         "-q"]
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
