@@ -58,8 +58,7 @@ def extend(
         reporter = progress_reporter(quiet)
         if resume is not None:                         # (it continues in its own directory: no --out)
             others = bool(model or method or preset is not None or seed is not None or out_dir is not None
-                          or sets or logs
-                          or flags)
+                          or sets or logs or flags)
             outcome = resume_run(resume, others=others, dry_run=dry_run, device=device, reporter=reporter)
             if outcome is None:
                 return

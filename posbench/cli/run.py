@@ -66,8 +66,7 @@ def run(
         reporter = progress_reporter(quiet)
         if resume is not None:                         # (it continues in its own directory: no --out)
             others = bool(encoding or task or preset is not None or sets or init or seed is not None
-                          or seeds is not None or logs
-                          or flags or out_dir is not None)
+                          or seeds is not None or logs or flags or out_dir is not None)
             outcome = resume_run(resume, others=others, dry_run=dry_run, device=device, reporter=reporter)
             if outcome is not None:
                 show_outcome(outcome)

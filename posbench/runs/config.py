@@ -136,9 +136,10 @@ def resolve_run_config(task: str, encoding: str | None, preset: str | None = Non
     given = [*for_encoding(settings, encoding, sections["encoding"], task_cls.model_source.encodings()),
              *read_settings(sections, [parse_assignment(item) for item in sets], options=options)]
     apply_settings(sections, given)
-    refuse_unused(source, given, init_flag)
+    last = {(s.section, s.key): s.value for s in given}          # each setting given: its last value
+    refuse_unused(source, last, init_flag)
     task_cls.adjust(sections, source)
-    refuse_followed(task_cls, given, sections)
+    refuse_followed(task_cls, last, sections)
     fill_task_context(task_cls, encoding, encoding_cls, sections, {(s.section, s.key) for s in given})
     checked = check_sections(task_cls, encoding_cls, sections)
     return RunConfig(task=task, encoding=encoding, preset=preset, task_version=task_cls.version,
@@ -166,15 +167,15 @@ def for_encoding(settings: Sequence[Setting], encoding: str | None, keys: Any, r
     return kept
 
 
-def refuse_unused(source: InitSource | None, given: Sequence[Setting], init_flag: str) -> None:
-    """Model settings given (each one's last value) for an ``--init`` model that it would not build: its
+def refuse_unused(source: InitSource | None, given: dict[tuple[str, str], Any], init_flag: str) -> None:
+    """Model settings given (``(section, key)`` -> value) for an ``--init`` model that it would not build: its
     architecture is its own (``INIT_READS``; a pretrained model's, ``PRETRAINED_READS``)."""
     if source is None:
         return
     own = current_names(source.model) if source.is_posbench else {}
     reads = INIT_READS if source.is_posbench else PRETRAINED_READS
     unused = [f"model.{key}={value!r}" + (f" (its {own[key]!r})" if key in own else "")
-              for (section, key), value in {(s.section, s.key): s.value for s in given}.items()
+              for (section, key), value in given.items()
               if section == "model" and key not in reads and (key not in own or own[key] != value)]
     if unused:
         what = "a posbench model" if source.is_posbench else f"a pretrained {source.label} model"
@@ -182,10 +183,10 @@ def refuse_unused(source: InitSource | None, given: Sequence[Setting], init_flag
                           f"would be recorded and not built; leave {'it' if len(unused) == 1 else 'them'} out")
 
 
-def refuse_followed(task_cls: Any, given: Sequence[Setting], sections: dict[str, dict[str, Any]]) -> None:
-    """A setting given (its last value) that the task's ``adjust`` set from another (``Task.follows``)."""
-    for (section, key), value in {(s.section, s.key): s.value for s in given}.items():
-        follows = getattr(task_cls, "follows", {}).get(f"{section}.{key}")
+def refuse_followed(task_cls: Any, given: dict[tuple[str, str], Any], sections: dict[str, dict[str, Any]]) -> None:
+    """A setting given (``(section, key)`` -> value) that the task's ``adjust`` set from another (``Task.follows``)."""
+    for (section, key), value in given.items():
+        follows = task_cls.follows.get(f"{section}.{key}")
         if follows and as_recorded(sections[section][key]) != as_recorded(value):
             raise ConfigError(f"{section}.{key}={value!r}: task '{task_cls.name}' sets it from {follows} (to "
                               f"{sections[section][key]!r} here); leave it out, or set {follows}")
